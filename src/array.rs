@@ -1,0 +1,200 @@
+//! `Array`: an n-dimensional view into a reference-counted [`Buffer`]. The buffer is either memory
+//! cubridge allocated or a foreign tensor it borrows (a *view*, whose producer the buffer keeps
+//! alive). Both are the same type so every operation accepts either.
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layout::{checked_numel, Layout};
+use crate::storage::{Buffer, HostAlloc, Storage};
+use std::sync::Arc;
+
+/// An n-dimensional array: buffer, layout, dtype, device, and whether writes are allowed.
+#[derive(Clone)]
+pub struct Array {
+    buffer: Arc<Buffer>,
+    layout: Layout,
+    dtype: DType,
+    device: Device,
+    readonly: bool,
+}
+
+impl std::fmt::Debug for Array {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Array")
+            .field("shape", &self.shape())
+            .field("strides", &self.strides())
+            .field("dtype", &self.dtype)
+            .field("device", &self.device)
+            .field("readonly", &self.readonly)
+            .finish()
+    }
+}
+
+impl Array {
+    /// A new C-contiguous array with unspecified contents.
+    pub fn empty(shape: &[usize], dtype: DType, device: Device) -> Result<Array> {
+        Self::allocate(shape, dtype, device, false)
+    }
+
+    /// A new C-contiguous array of zeros.
+    pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Array> {
+        Self::allocate(shape, dtype, device, true)
+    }
+
+    fn allocate(shape: &[usize], dtype: DType, device: Device, zeroed: bool) -> Result<Array> {
+        let layout = Layout::contiguous(shape)?;
+        let bytes = checked_numel(shape)?
+            .checked_mul(dtype.itemsize())
+            .ok_or_else(|| Error::invalid(format!("shape {shape:?} is too large")))?;
+        let storage = match device {
+            Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
+            Device::Cuda(_) | Device::CudaHost | Device::CudaManaged => {
+                return Err(crate::cuda::unavailable(device))
+            }
+        };
+        Ok(Array {
+            buffer: Arc::new(Buffer::owned(storage)),
+            layout,
+            dtype,
+            device,
+            readonly: false,
+        })
+    }
+
+    /// An array over an existing buffer.
+    ///
+    /// # Safety
+    /// 1. Every element that `layout` addresses, from `buffer.ptr()`, lies inside the buffer's
+    ///    memory and is properly aligned for `dtype`.
+    /// 2. That memory is on `device`.
+    /// 3. If `readonly` is false, the memory may be written.
+    pub unsafe fn from_parts(
+        buffer: Arc<Buffer>,
+        layout: Layout,
+        dtype: DType,
+        device: Device,
+        readonly: bool,
+    ) -> Array {
+        Array {
+            buffer,
+            layout,
+            dtype,
+            device,
+            readonly,
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[isize] {
+        self.layout.strides()
+    }
+
+    /// The layout (shape, strides, byte offset).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Where the memory lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Whether the producer forbids writes.
+    pub fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.layout.ndim()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// Bytes spanned by the elements (`numel * itemsize`).
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.itemsize()
+    }
+
+    /// The shared buffer.
+    pub fn buffer(&self) -> &Arc<Buffer> {
+        &self.buffer
+    }
+
+    /// Address of the first element.
+    pub fn data_ptr(&self) -> *mut u8 {
+        self.buffer.ptr().wrapping_add(self.layout.byte_offset())
+    }
+
+    /// The same memory marked read-only (for exports of read-only views).
+    pub fn with_readonly(&self, readonly: bool) -> Array {
+        Array {
+            readonly: self.readonly || readonly,
+            ..self.clone()
+        }
+    }
+
+    /// The same buffer seen through another layout of the same extent or smaller (broadcasts).
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Array> {
+        Ok(Array {
+            layout: self.layout.broadcast_to(shape)?,
+            ..self.clone()
+        })
+    }
+
+    /// The absolute address range `[start, end)` the elements occupy, or `None` when empty.
+    pub fn address_range(&self) -> Option<(usize, usize)> {
+        let (start, end) = self
+            .layout
+            .byte_extent(self.dtype.itemsize())
+            .ok()
+            .flatten()?;
+        let base = self.buffer.ptr() as isize;
+        Some((
+            base.wrapping_add(start) as usize,
+            base.wrapping_add(end) as usize,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creation_and_metadata() {
+        let a = Array::zeros(&[2, 3], DType::Float32, Device::Cpu).unwrap();
+        assert_eq!(a.shape(), &[2, 3]);
+        assert_eq!(a.strides(), &[3, 1]);
+        assert_eq!(a.nbytes(), 24);
+        assert_eq!(a.data_ptr() as usize % 64, 0);
+        assert_eq!(
+            a.address_range().unwrap().1 - a.address_range().unwrap().0,
+            24
+        );
+        assert!(Array::empty(&[usize::MAX, 2], DType::Int8, Device::Cpu).is_err());
+    }
+
+    #[test]
+    fn cuda_without_a_driver_is_a_clear_error() {
+        if crate::cuda::is_available() {
+            return;
+        }
+        let e = Array::zeros(&[2], DType::Float32, Device::Cuda(0)).unwrap_err();
+        assert!(matches!(e, Error::CudaUnavailable(_)), "{e}");
+    }
+}

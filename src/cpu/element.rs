@@ -1,0 +1,262 @@
+//! Rust element types behind each dtype, the exact widening conversions that promotion needs, and
+//! a dynamically typed [`Scalar`] for creation and casting.
+
+use crate::dtype::DType;
+use half::{bf16, f16};
+
+/// A complex number laid out as DLPack, numpy and C expect: real part, then imaginary part.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Complex<T> {
+    /// Real part.
+    pub re: T,
+    /// Imaginary part.
+    pub im: T,
+}
+
+/// A value of any dtype, used where speed does not matter (fill values, casts, tests).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar {
+    /// A boolean.
+    Bool(bool),
+    /// Any integer (wide enough for int64 and uint64).
+    Int(i128),
+    /// A real number.
+    Float(f64),
+    /// A complex number.
+    Complex(f64, f64),
+}
+
+/// A Rust type that stores one element of a cubridge dtype.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// The dtype this type stores.
+    const DTYPE: DType;
+    /// Converts to a [`Scalar`] exactly.
+    fn to_scalar(self) -> Scalar;
+    /// Converts from a [`Scalar`] as numpy's unsafe cast does: floats truncate towards zero into
+    /// integers, integers wrap, the imaginary part is dropped into real types, non-zero is true.
+    fn from_scalar(value: Scalar) -> Self;
+}
+
+/// Elementwise addition, in the dtype's own arithmetic.
+pub trait AddElem: Element {
+    /// `a + b`: logical or for bool, wrapping for integers, IEEE for floats. float16 and bfloat16
+    /// add in float32 and round once, as numpy and PyTorch do.
+    fn add(a: Self, b: Self) -> Self;
+}
+
+/// An exact conversion into a promoted dtype.
+pub trait Widen<R> {
+    /// Converts without loss.
+    fn widen(self) -> R;
+}
+
+impl Scalar {
+    fn as_i128(self) -> i128 {
+        match self {
+            Scalar::Bool(b) => b as i128,
+            Scalar::Int(i) => i,
+            // `as` saturates and maps NaN to 0: the defined behaviour we want for bad input.
+            Scalar::Float(f) | Scalar::Complex(f, _) => f as i128,
+        }
+    }
+
+    fn as_f64(self) -> f64 {
+        match self {
+            Scalar::Bool(b) => b as u8 as f64,
+            Scalar::Int(i) => i as f64,
+            Scalar::Float(f) | Scalar::Complex(f, _) => f,
+        }
+    }
+
+    fn as_bool(self) -> bool {
+        match self {
+            Scalar::Bool(b) => b,
+            Scalar::Int(i) => i != 0,
+            Scalar::Float(f) => f != 0.0,
+            Scalar::Complex(re, im) => re != 0.0 || im != 0.0,
+        }
+    }
+
+    fn as_complex(self) -> (f64, f64) {
+        match self {
+            Scalar::Complex(re, im) => (re, im),
+            other => (other.as_f64(), 0.0),
+        }
+    }
+}
+
+macro_rules! int_element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_scalar(self) -> Scalar { Scalar::Int(self as i128) }
+            fn from_scalar(value: Scalar) -> Self { value.as_i128() as $t }
+        }
+        impl AddElem for $t {
+            #[inline(always)]
+            fn add(a: Self, b: Self) -> Self { a.wrapping_add(b) }
+        }
+    )*};
+}
+int_element!(i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64,
+             u8 => UInt8, u16 => UInt16, u32 => UInt32, u64 => UInt64);
+
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn to_scalar(self) -> Scalar {
+        Scalar::Bool(self)
+    }
+    fn from_scalar(value: Scalar) -> Self {
+        value.as_bool()
+    }
+}
+impl AddElem for bool {
+    #[inline(always)]
+    fn add(a: Self, b: Self) -> Self {
+        a | b
+    }
+}
+
+macro_rules! float_element {
+    ($($t:ty => $d:ident, $from:expr, $to:expr);*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_scalar(self) -> Scalar { Scalar::Float(($to)(self)) }
+            fn from_scalar(value: Scalar) -> Self { ($from)(value.as_f64()) }
+        }
+    )*};
+}
+float_element!(
+    f16 => Float16, f16::from_f64, f16::to_f64;
+    bf16 => BFloat16, bf16::from_f64, bf16::to_f64;
+    f32 => Float32, |v: f64| v as f32, |v: f32| v as f64;
+    f64 => Float64, |v: f64| v, |v: f64| v
+);
+
+impl AddElem for f32 {
+    #[inline(always)]
+    fn add(a: Self, b: Self) -> Self {
+        a + b
+    }
+}
+impl AddElem for f64 {
+    #[inline(always)]
+    fn add(a: Self, b: Self) -> Self {
+        a + b
+    }
+}
+impl AddElem for f16 {
+    #[inline(always)]
+    fn add(a: Self, b: Self) -> Self {
+        f16::from_f32(a.to_f32() + b.to_f32())
+    }
+}
+impl AddElem for bf16 {
+    #[inline(always)]
+    fn add(a: Self, b: Self) -> Self {
+        bf16::from_f32(a.to_f32() + b.to_f32())
+    }
+}
+
+macro_rules! complex_element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl Element for Complex<$t> {
+            const DTYPE: DType = DType::$d;
+            fn to_scalar(self) -> Scalar { Scalar::Complex(self.re as f64, self.im as f64) }
+            fn from_scalar(value: Scalar) -> Self {
+                let (re, im) = value.as_complex();
+                Complex { re: re as $t, im: im as $t }
+            }
+        }
+        impl AddElem for Complex<$t> {
+            #[inline(always)]
+            fn add(a: Self, b: Self) -> Self { Complex { re: a.re + b.re, im: a.im + b.im } }
+        }
+    )*};
+}
+complex_element!(f32 => Complex64, f64 => Complex128);
+
+// Widening, exactly the conversions that `DType::promote` can ask for.
+impl<T: Element> Widen<T> for T {
+    #[inline(always)]
+    fn widen(self) -> T {
+        self
+    }
+}
+macro_rules! widen_from {
+    ($($from:ty => $($to:ty),+);* $(;)?) => {$($(
+        impl Widen<$to> for $from {
+            #[inline(always)]
+            fn widen(self) -> $to { <$to>::from(self) }
+        }
+    )+)*};
+}
+widen_from!(
+    i8 => i16, i32, i64;
+    i16 => i32, i64;
+    i32 => i64;
+    u8 => i16, i32, i64, u16, u32, u64;
+    u16 => i32, i64, u32, u64;
+    u32 => i64, u64;
+    f16 => f32, f64;
+    bf16 => f32, f64;
+    f32 => f64;
+);
+macro_rules! widen_to_complex {
+    ($($from:ty => $to:ty),* $(,)?) => {$(
+        impl Widen<Complex<$to>> for $from {
+            #[inline(always)]
+            fn widen(self) -> Complex<$to> {
+                Complex { re: <$to>::from(self), im: 0.0 }
+            }
+        }
+    )*};
+}
+widen_to_complex!(f16 => f32, bf16 => f32, f32 => f32, f16 => f64, bf16 => f64, f32 => f64,
+                  f64 => f64);
+impl Widen<Complex<f64>> for Complex<f32> {
+    #[inline(always)]
+    fn widen(self) -> Complex<f64> {
+        Complex {
+            re: self.re as f64,
+            im: self.im as f64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_precision_adds_in_f32_and_rounds_once() {
+        // 2048 + 1 is not representable in float16: round-to-nearest-even gives 2048.
+        let r = f16::add(f16::from_f32(2048.0), f16::from_f32(1.0));
+        assert_eq!(r.to_f32(), 2048.0);
+        let r = f16::add(f16::from_f32(2048.0), f16::from_f32(3.0));
+        assert_eq!(r.to_f32(), 2052.0);
+        let r = bf16::add(bf16::from_f32(256.0), bf16::from_f32(1.0));
+        assert_eq!(r.to_f32(), 256.0);
+    }
+
+    #[test]
+    fn integer_add_wraps_and_bool_is_or() {
+        assert_eq!(i8::add(127, 1), -128);
+        assert_eq!(u8::add(255, 2), 1);
+        assert!(bool::add(true, true));
+        assert!(!bool::add(false, false));
+    }
+
+    #[test]
+    fn scalar_conversions() {
+        assert_eq!(i32::from_scalar(Scalar::Float(-2.7)), -2);
+        assert_eq!(u8::from_scalar(Scalar::Int(257)), 1);
+        assert!(bool::from_scalar(Scalar::Float(0.5)));
+        assert_eq!(f16::from_scalar(Scalar::Int(3)).to_f32(), 3.0);
+        let c = Complex::<f32>::from_scalar(Scalar::Float(1.5));
+        assert_eq!(c, Complex { re: 1.5, im: 0.0 });
+        assert_eq!(f64::from_scalar(Scalar::Complex(2.0, 9.0)), 2.0);
+        assert_eq!(u64::MAX.to_scalar(), Scalar::Int(u64::MAX as i128));
+    }
+}

@@ -1,0 +1,146 @@
+//! The one error type of cubridge. Each variant carries the values that explain it; the Python
+//! layer maps every variant to one exception class in one place (`python/errors.rs`).
+
+use std::fmt;
+
+/// Everything that can go wrong in cubridge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A dtype that cubridge does not support, described as it was given.
+    UnsupportedDType(String),
+    /// An operation that is not defined for these dtypes (for example int + float).
+    DTypeMismatch {
+        /// What was being attempted.
+        op: &'static str,
+        /// The left dtype's name.
+        left: String,
+        /// The right dtype's name.
+        right: String,
+    },
+    /// A device that cubridge does not support, described as it was given.
+    UnsupportedDevice(String),
+    /// Arrays that must share a device do not.
+    DeviceMismatch {
+        /// The first device.
+        left: String,
+        /// The second device.
+        right: String,
+    },
+    /// Shapes that cannot be broadcast together.
+    Broadcast {
+        /// The first shape.
+        left: Vec<usize>,
+        /// The second shape.
+        right: Vec<usize>,
+    },
+    /// Any other invalid argument or descriptor field, with a message naming the value.
+    Invalid(String),
+    /// A write into memory that its producer marked read-only.
+    ReadOnly(String),
+    /// A DLPack export request that the producer refuses (maps to `BufferError`).
+    Export(String),
+    /// A host or device allocation failed.
+    OutOfMemory {
+        /// The requested size in bytes.
+        bytes: usize,
+        /// Where the allocation was attempted.
+        device: String,
+    },
+    /// CUDA was asked for on a machine without a usable driver.
+    CudaUnavailable(String),
+    /// A CUDA driver call failed.
+    Cuda {
+        /// The driver's name for the error code (for example `CUDA_ERROR_INVALID_VALUE`).
+        name: String,
+        /// What cubridge was doing.
+        context: String,
+    },
+    /// NVRTC failed to compile a kernel.
+    Compile {
+        /// The kernel that failed.
+        kernel: String,
+        /// The NVRTC program log.
+        log: String,
+    },
+}
+
+/// The result type used throughout cubridge.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Shorthand for [`Error::Invalid`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::Invalid(message.into())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::UnsupportedDType(what) => write!(f, "unsupported dtype: {what}"),
+            Error::DTypeMismatch { op, left, right } => write!(
+                f,
+                "{op} is not defined for {left} and {right}: cubridge promotes only within a \
+                 kind (bool, signed/unsigned integer, floating/complex); cast one operand first"
+            ),
+            Error::UnsupportedDevice(what) => write!(f, "unsupported device: {what}"),
+            Error::DeviceMismatch { left, right } => {
+                write!(f, "arrays are on different devices: {left} and {right}")
+            }
+            Error::Broadcast { left, right } => write!(
+                f,
+                "shapes {} and {} cannot be broadcast together",
+                shape_str(left),
+                shape_str(right)
+            ),
+            Error::Invalid(message) | Error::ReadOnly(message) | Error::Export(message) => {
+                f.write_str(message)
+            }
+            Error::OutOfMemory { bytes, device } => {
+                write!(f, "could not allocate {bytes} bytes on {device}")
+            }
+            Error::CudaUnavailable(why) => write!(f, "CUDA is not available: {why}"),
+            Error::Cuda { name, context } => write!(f, "{name} while {context}"),
+            Error::Compile { kernel, log } => {
+                write!(f, "NVRTC could not compile {kernel}:\n{log}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Formats a shape the way Python prints a tuple: `(2, 3)`, `(4,)`, `()`.
+pub fn shape_str(shape: &[usize]) -> String {
+    match shape {
+        [] => "()".to_string(),
+        [one] => format!("({one},)"),
+        _ => {
+            let parts: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            format!("({})", parts.join(", "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_print_like_python_tuples() {
+        assert_eq!(shape_str(&[]), "()");
+        assert_eq!(shape_str(&[4]), "(4,)");
+        assert_eq!(shape_str(&[2, 3]), "(2, 3)");
+    }
+
+    #[test]
+    fn dtype_mismatch_names_both_dtypes() {
+        let e = Error::DTypeMismatch {
+            op: "add",
+            left: "int32".into(),
+            right: "float32".into(),
+        };
+        let text = e.to_string();
+        assert!(text.contains("int32") && text.contains("float32"), "{text}");
+    }
+}

@@ -1,0 +1,435 @@
+//! Shapes, element strides and byte offsets: contiguity, broadcasting, extents, and the dimension
+//! coalescing that kernels use to pick their fastest loop. All stride math lives here.
+
+use crate::error::{Error, Result};
+
+/// The most dimensions cubridge accepts (numpy's limit too). Foreign descriptors with more are
+/// refused before their shape arrays are read.
+pub const MAX_NDIM: usize = 64;
+
+/// Shape, strides (in elements, may be negative or zero) and the byte offset of the first
+/// element from the start of the buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    byte_offset: usize,
+}
+
+/// Row-major (C order) strides for `shape`, in elements.
+pub fn c_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![0isize; shape.len()];
+    let mut acc: isize = 1;
+    for (stride, &dim) in strides.iter_mut().zip(shape).rev() {
+        *stride = acc;
+        acc = acc.saturating_mul(dim.max(1) as isize);
+    }
+    strides
+}
+
+/// Number of elements of `shape`, or an error if it overflows.
+pub fn checked_numel(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "shape {shape:?} has more elements than fit in memory"
+            ))
+        })
+}
+
+/// Numpy broadcasting: align from the right; each pair of dimensions must be equal or one of
+/// them 1.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let da = if i < n - a.len() {
+            1
+        } else {
+            a[i - (n - a.len())]
+        };
+        let db = if i < n - b.len() {
+            1
+        } else {
+            b[i - (n - b.len())]
+        };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(Error::Broadcast {
+                    left: a.to_vec(),
+                    right: b.to_vec(),
+                })
+            }
+        };
+    }
+    Ok(out)
+}
+
+impl Layout {
+    /// A C-contiguous layout for `shape` starting at byte 0.
+    pub fn contiguous(shape: &[usize]) -> Result<Layout> {
+        checked_numel(shape)?;
+        Ok(Layout {
+            shape: shape.to_vec(),
+            strides: c_strides(shape),
+            byte_offset: 0,
+        })
+    }
+
+    /// A layout from trusted parts (shape and strides of equal length).
+    pub fn new(shape: Vec<usize>, strides: Vec<isize>, byte_offset: usize) -> Result<Layout> {
+        if shape.len() != strides.len() {
+            return Err(Error::invalid(format!(
+                "shape has {} dimensions but strides has {}",
+                shape.len(),
+                strides.len()
+            )));
+        }
+        if shape.len() > MAX_NDIM {
+            return Err(Error::invalid(format!(
+                "{} dimensions is more than the {MAX_NDIM} cubridge supports",
+                shape.len()
+            )));
+        }
+        checked_numel(&shape)?;
+        Ok(Layout {
+            shape,
+            strides,
+            byte_offset,
+        })
+    }
+
+    /// Validates a layout read from an untrusted descriptor (DLPack, CAI, buffer protocol):
+    /// non-negative shape, element count and byte extent that fit the address space. Missing
+    /// strides mean C-contiguous, as older producers signal.
+    pub fn from_untrusted(
+        shape: &[i64],
+        strides: Option<&[i64]>,
+        byte_offset: u64,
+        itemsize: usize,
+    ) -> Result<Layout> {
+        if shape.len() > MAX_NDIM {
+            return Err(Error::invalid(format!(
+                "ndim {} is more than the {MAX_NDIM} cubridge supports",
+                shape.len()
+            )));
+        }
+        let mut dims = Vec::with_capacity(shape.len());
+        for (axis, &d) in shape.iter().enumerate() {
+            let d = usize::try_from(d).map_err(|_| {
+                Error::invalid(format!("shape[{axis}] is negative or too large: {d}"))
+            })?;
+            dims.push(d);
+        }
+        let strides = match strides {
+            None => c_strides(&dims),
+            Some(s) if s.len() != dims.len() => {
+                return Err(Error::invalid(format!(
+                    "shape has {} dimensions but strides has {}",
+                    dims.len(),
+                    s.len()
+                )))
+            }
+            Some(s) => s
+                .iter()
+                .map(|&v| {
+                    isize::try_from(v)
+                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))
+                })
+                .collect::<Result<_>>()?,
+        };
+        let byte_offset = usize::try_from(byte_offset)
+            .map_err(|_| Error::invalid(format!("byte_offset {byte_offset} is too large")))?;
+        let layout = Layout::new(dims, strides, byte_offset)?;
+        // The farthest byte reachable must be addressable.
+        layout.byte_extent(itemsize)?;
+        Ok(layout)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
+    /// Bytes from the buffer start to the first element.
+    pub fn byte_offset(&self) -> usize {
+        self.byte_offset
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements (validated not to overflow at construction).
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// C-contiguous, ignoring the strides of size-1 dimensions; every empty array is contiguous.
+    pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
+        let mut expected: isize = 1;
+        for (&dim, &stride) in self.shape.iter().zip(&self.strides).rev() {
+            if dim == 1 {
+                continue;
+            }
+            if stride != expected {
+                return false;
+            }
+            expected *= dim as isize;
+        }
+        true
+    }
+
+    /// The lowest and highest element offsets (relative to the first element) that the layout
+    /// touches, or `None` when it has no elements.
+    pub fn element_span(&self) -> Option<(isize, isize)> {
+        if self.numel() == 0 {
+            return None;
+        }
+        let (mut lo, mut hi) = (0isize, 0isize);
+        for (&dim, &stride) in self.shape.iter().zip(&self.strides) {
+            let reach = stride.saturating_mul(dim as isize - 1);
+            if reach < 0 {
+                lo = lo.saturating_add(reach);
+            } else {
+                hi = hi.saturating_add(reach);
+            }
+        }
+        Some((lo, hi))
+    }
+
+    /// The byte range `[start, end)` relative to the buffer start that the layout touches, checked
+    /// against overflow; `None` when empty.
+    pub fn byte_extent(&self, itemsize: usize) -> Result<Option<(isize, isize)>> {
+        let Some((lo, hi)) = self.element_span() else {
+            return Ok(None);
+        };
+        let overflow = || Error::invalid("array extent overflows the address space");
+        let item = isize::try_from(itemsize).map_err(|_| overflow())?;
+        let offset = isize::try_from(self.byte_offset).map_err(|_| overflow())?;
+        let start = lo
+            .checked_mul(item)
+            .and_then(|v| v.checked_add(offset))
+            .ok_or_else(overflow)?;
+        let end = hi
+            .checked_add(1)
+            .and_then(|v| v.checked_mul(item))
+            .and_then(|v| v.checked_add(offset))
+            .ok_or_else(overflow)?;
+        Ok(Some((start, end)))
+    }
+
+    /// Whether two distinct elements share memory through a zero stride. (Other self-overlap,
+    /// which needs crafted strides, is not looked for.)
+    pub fn has_zero_stride_overlap(&self) -> bool {
+        self.numel() > 1
+            && self
+                .shape
+                .iter()
+                .zip(&self.strides)
+                .any(|(&d, &s)| d > 1 && s == 0)
+    }
+
+    /// This layout broadcast to `shape` (numpy rules): new leading dimensions and stretched
+    /// size-1 dimensions get stride 0.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Layout> {
+        let err = || Error::Broadcast {
+            left: self.shape.clone(),
+            right: shape.to_vec(),
+        };
+        if shape.len() < self.ndim() {
+            return Err(err());
+        }
+        let lead = shape.len() - self.ndim();
+        let mut strides = vec![0isize; shape.len()];
+        for (i, &target) in shape.iter().enumerate().skip(lead) {
+            let (dim, stride) = (self.shape[i - lead], self.strides[i - lead]);
+            strides[i] = match dim {
+                d if d == target => stride,
+                1 => 0,
+                _ => return Err(err()),
+            };
+        }
+        Ok(Layout {
+            shape: shape.to_vec(),
+            strides,
+            byte_offset: self.byte_offset,
+        })
+    }
+}
+
+/// A loop nest that several same-shaped operands walk together, with dimensions of size 1
+/// removed and neighbouring dimensions merged wherever every operand allows it. Innermost last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Coalesced<const N: usize> {
+    /// The merged shape (at least one dimension; `[0]` when empty).
+    pub shape: Vec<usize>,
+    /// Each operand's strides over `shape`, in elements.
+    pub strides: [Vec<isize>; N],
+}
+
+/// Coalesces operands that share `shape` (see [`Coalesced`]).
+pub fn coalesce<const N: usize>(shape: &[usize], strides: [&[isize]; N]) -> Coalesced<N> {
+    if shape.contains(&0) {
+        return Coalesced {
+            shape: vec![0],
+            strides: std::array::from_fn(|_| vec![1]),
+        };
+    }
+    let keep: Vec<usize> = (0..shape.len()).filter(|&i| shape[i] != 1).collect();
+    let mut out_shape: Vec<usize> = Vec::with_capacity(keep.len());
+    let mut out_strides: [Vec<isize>; N] = std::array::from_fn(|_| Vec::new());
+    for &i in &keep {
+        let mergeable = !out_shape.is_empty()
+            && (0..N).all(|k| {
+                let prev = *out_strides[k].last().expect("same length as out_shape");
+                prev == strides[k][i] * shape[i] as isize
+            });
+        if mergeable {
+            let last = out_shape.len() - 1;
+            out_shape[last] *= shape[i];
+            for k in 0..N {
+                out_strides[k][last] = strides[k][i];
+            }
+        } else {
+            out_shape.push(shape[i]);
+            for k in 0..N {
+                out_strides[k].push(strides[k][i]);
+            }
+        }
+    }
+    if out_shape.is_empty() {
+        out_shape.push(1);
+        for s in &mut out_strides {
+            s.push(1);
+        }
+    }
+    Coalesced {
+        shape: out_shape,
+        strides: out_strides,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_strides_and_contiguity() {
+        assert_eq!(c_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(c_strides(&[]), Vec::<isize>::new());
+        let l = Layout::contiguous(&[2, 3]).unwrap();
+        assert!(l.is_contiguous());
+        // Transposed is not contiguous.
+        let t = Layout::new(vec![3, 2], vec![1, 3], 0).unwrap();
+        assert!(!t.is_contiguous());
+        // Size-1 dimensions may carry any stride.
+        let s = Layout::new(vec![2, 1, 3], vec![3, 999, 1], 0).unwrap();
+        assert!(s.is_contiguous());
+        // Empty arrays are contiguous whatever their strides.
+        let e = Layout::new(vec![0, 3], vec![-7, 5], 0).unwrap();
+        assert!(e.is_contiguous());
+        // 0-d is contiguous.
+        assert!(Layout::contiguous(&[]).unwrap().is_contiguous());
+    }
+
+    #[test]
+    fn broadcasting() {
+        assert_eq!(broadcast_shapes(&[3, 1], &[4]).unwrap(), vec![3, 4]);
+        assert_eq!(broadcast_shapes(&[], &[2, 3]).unwrap(), vec![2, 3]);
+        assert_eq!(broadcast_shapes(&[0], &[1]).unwrap(), vec![0]);
+        assert_eq!(
+            broadcast_shapes(&[5, 1, 4], &[3, 1]).unwrap(),
+            vec![5, 3, 4]
+        );
+        assert!(matches!(
+            broadcast_shapes(&[3], &[4]),
+            Err(Error::Broadcast { .. })
+        ));
+        assert!(broadcast_shapes(&[2, 0], &[3]).is_err());
+        let l = Layout::contiguous(&[3, 1])
+            .unwrap()
+            .broadcast_to(&[2, 3, 4])
+            .unwrap();
+        assert_eq!(l.strides(), &[0, 1, 0]);
+        assert!(Layout::contiguous(&[3])
+            .unwrap()
+            .broadcast_to(&[4])
+            .is_err());
+        assert!(Layout::contiguous(&[2, 3])
+            .unwrap()
+            .broadcast_to(&[3])
+            .is_err());
+    }
+
+    #[test]
+    fn spans_and_extents() {
+        let l = Layout::new(vec![2, 3], vec![-3, 1], 24).unwrap();
+        assert_eq!(l.element_span(), Some((-3, 2)));
+        assert_eq!(l.byte_extent(4).unwrap(), Some((12, 36)));
+        assert_eq!(
+            Layout::contiguous(&[0]).unwrap().byte_extent(4).unwrap(),
+            None
+        );
+        let huge = Layout::new(vec![2], vec![isize::MAX / 2], 0).unwrap();
+        assert!(huge.byte_extent(8).is_err());
+    }
+
+    #[test]
+    fn untrusted_descriptors_are_checked() {
+        let ok = Layout::from_untrusted(&[2, 3], None, 0, 4).unwrap();
+        assert_eq!(ok.strides(), &[3, 1]);
+        assert!(Layout::from_untrusted(&[-1], None, 0, 4).is_err());
+        assert!(Layout::from_untrusted(&[2, 3], Some(&[1]), 0, 4).is_err());
+        assert!(Layout::from_untrusted(&[i64::MAX, 4], None, 0, 4).is_err());
+        assert!(Layout::from_untrusted(&[2], Some(&[i64::MAX]), 0, 4).is_err());
+        assert!(Layout::from_untrusted(&[1; 65], None, 0, 4).is_err());
+        assert!(Layout::from_untrusted(&[1; 64], None, 0, 4).is_ok());
+    }
+
+    #[test]
+    fn zero_stride_overlap() {
+        assert!(Layout::new(vec![3], vec![0], 0)
+            .unwrap()
+            .has_zero_stride_overlap());
+        assert!(!Layout::new(vec![1], vec![0], 0)
+            .unwrap()
+            .has_zero_stride_overlap());
+        assert!(!Layout::contiguous(&[3]).unwrap().has_zero_stride_overlap());
+    }
+
+    #[test]
+    fn coalescing_merges_contiguous_runs() {
+        let c = coalesce(&[2, 3, 4], [&[12, 4, 1], &[12, 4, 1]]);
+        assert_eq!(c.shape, vec![24]);
+        assert_eq!(c.strides, [vec![1], vec![1]]);
+        // A broadcast operand stops merging where its strides break the run.
+        let c = coalesce(&[2, 3, 4], [&[12, 4, 1], &[0, 4, 1]]);
+        assert_eq!(c.shape, vec![2, 12]);
+        assert_eq!(c.strides, [vec![12, 1], vec![0, 1]]);
+        // Size-1 dimensions vanish; 0-d becomes one element.
+        let c = coalesce(&[1, 5, 1], [&[5, 1, 1]]);
+        assert_eq!(c.shape, vec![5]);
+        let c = coalesce::<1>(&[], [&[]]);
+        assert_eq!(c.shape, vec![1]);
+        let c = coalesce(&[3, 0], [&[1, 1]]);
+        assert_eq!(c.shape, vec![0]);
+        // Transposed stays 2-d.
+        let c = coalesce(&[3, 2], [&[1, 3], &[2, 1]]);
+        assert_eq!(c.shape, vec![3, 2]);
+    }
+}

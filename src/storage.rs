@@ -1,0 +1,178 @@
+//! Memory that cubridge owns, and the reference-counted buffer that every array (owned or
+//! borrowed) points into. A buffer is freed exactly once: when the last `Arc<Buffer>` (held by
+//! Python arrays, views and exported DLPack tensors alike) is dropped, on whatever thread.
+
+use crate::error::{Error, Result};
+use std::alloc::Layout as AllocLayout;
+use std::any::Any;
+use std::ptr::NonNull;
+
+/// Alignment of host allocations: a cache line, and enough for any SIMD load.
+pub const HOST_ALIGN: usize = 64;
+
+/// A 64-byte aligned host allocation.
+pub struct HostAlloc {
+    ptr: NonNull<u8>,
+    /// `None` for zero bytes, which allocate nothing and use an aligned dangling pointer.
+    layout: Option<AllocLayout>,
+}
+
+// SAFETY: HostAlloc uniquely owns plain bytes; nothing in it is tied to a thread.
+unsafe impl Send for HostAlloc {}
+// SAFETY: shared references only expose the pointer value; all access through it is governed by
+// the callers' own synchronisation, as for any raw buffer.
+unsafe impl Sync for HostAlloc {}
+
+impl HostAlloc {
+    /// Allocates `bytes` bytes, zero-filled if `zeroed`. Reports failure as
+    /// [`Error::OutOfMemory`] instead of aborting.
+    pub fn new(bytes: usize, zeroed: bool) -> Result<HostAlloc> {
+        if bytes == 0 {
+            // An aligned, non-null address that is never dereferenced.
+            let ptr = NonNull::new(HOST_ALIGN as *mut u8).expect("non-zero constant");
+            return Ok(HostAlloc { ptr, layout: None });
+        }
+        let oom = || Error::OutOfMemory {
+            bytes,
+            device: "cpu".into(),
+        };
+        let layout = AllocLayout::from_size_align(bytes, HOST_ALIGN).map_err(|_| oom())?;
+        // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two alignment.
+        let raw = unsafe {
+            if zeroed {
+                std::alloc::alloc_zeroed(layout)
+            } else {
+                std::alloc::alloc(layout)
+            }
+        };
+        let ptr = NonNull::new(raw).ok_or_else(oom)?;
+        Ok(HostAlloc {
+            ptr,
+            layout: Some(layout),
+        })
+    }
+
+    /// The start of the allocation.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        if let Some(layout) = self.layout {
+            // SAFETY: `ptr` came from `alloc`/`alloc_zeroed` with exactly this layout and is freed
+            // only here, once.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+/// Memory cubridge allocated itself.
+pub enum Storage {
+    /// Ordinary host memory.
+    Host(HostAlloc),
+}
+
+/// What keeps a buffer's memory valid.
+pub enum Owner {
+    /// Memory cubridge allocated.
+    Storage(Storage),
+    /// Memory that another library owns; dropping this value releases it (calls the DLPack
+    /// deleter, releases the Python buffer, or drops the reference to the producer).
+    Foreign(Box<dyn Any + Send + Sync>),
+}
+
+/// A block of memory and what keeps it alive. Arrays hold it through an `Arc`.
+pub struct Buffer {
+    ptr: *mut u8,
+    owner: Owner,
+}
+
+// SAFETY: the pointer is only an address; its owner is Send + Sync (both Owner variants are), and
+// reads and writes through it are ordered by the operations that use it.
+unsafe impl Send for Buffer {}
+// SAFETY: as above.
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    /// A buffer over memory cubridge allocated.
+    pub fn owned(storage: Storage) -> Buffer {
+        let ptr = match &storage {
+            Storage::Host(alloc) => alloc.as_ptr(),
+        };
+        Buffer {
+            ptr,
+            owner: Owner::Storage(storage),
+        }
+    }
+
+    /// A buffer over foreign memory at `ptr`, kept valid by `keepalive`.
+    ///
+    /// # Safety
+    /// 1. `ptr` stays valid for every layout that arrays over this buffer use, for as long as
+    ///    `keepalive` lives.
+    /// 2. Dropping `keepalive` is the only thing that releases the memory.
+    pub unsafe fn foreign(ptr: *mut u8, keepalive: Box<dyn Any + Send + Sync>) -> Buffer {
+        Buffer {
+            ptr,
+            owner: Owner::Foreign(keepalive),
+        }
+    }
+
+    /// The base address (array data lives at `ptr + layout.byte_offset()`).
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Whether cubridge allocated this memory.
+    pub fn is_owned(&self) -> bool {
+        matches!(self.owner, Owner::Storage(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_allocations_are_aligned_and_zeroed() {
+        for bytes in [0usize, 1, 63, 64, 4097] {
+            let a = HostAlloc::new(bytes, true).unwrap();
+            assert_eq!(a.as_ptr() as usize % HOST_ALIGN, 0);
+            if bytes > 0 {
+                // SAFETY: the allocation has `bytes` initialised (zeroed) bytes.
+                let s = unsafe { std::slice::from_raw_parts(a.as_ptr(), bytes) };
+                assert!(s.iter().all(|&b| b == 0));
+            }
+        }
+    }
+
+    #[test]
+    fn impossible_allocation_is_an_error_not_an_abort() {
+        let e = HostAlloc::new(usize::MAX - 8, false).err().unwrap();
+        assert!(matches!(e, Error::OutOfMemory { .. }));
+    }
+
+    #[test]
+    fn foreign_keepalive_is_dropped_exactly_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        struct Count(Arc<AtomicUsize>);
+        impl Drop for Count {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut data = [0u8; 4];
+        // SAFETY: `data` outlives the buffer, which is dropped in this scope.
+        let buf =
+            Arc::new(unsafe { Buffer::foreign(data.as_mut_ptr(), Box::new(Count(drops.clone()))) });
+        let second = buf.clone();
+        drop(buf);
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        std::thread::spawn(move || drop(second)).join().unwrap();
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+}

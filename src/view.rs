@@ -1,0 +1,187 @@
+//! Views: arrays over foreign memory, built from untrusted descriptors. Every field is checked
+//! before use; only ownership (the deleter, or the reference that keeps a producer alive) is
+//! trusted.
+
+use crate::array::Array;
+use crate::device::Device;
+use crate::dtype::{DType, Kind};
+use crate::error::{Error, Result};
+use crate::layout::{Layout, MAX_NDIM};
+use crate::storage::{Buffer, HOST_ALIGN};
+use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+use std::any::Any;
+use std::sync::Arc;
+
+/// The alignment an element of `dtype` needs (complex numbers align like their parts).
+pub fn alignment(dtype: DType) -> usize {
+    match dtype.kind() {
+        Kind::Complex => dtype.itemsize() / 2,
+        _ => dtype.itemsize(),
+    }
+}
+
+/// An untrusted description of foreign memory, as a protocol hands it over.
+pub struct Descriptor<'a> {
+    /// Address of the buffer (the first element is at `data + byte_offset`).
+    pub data: usize,
+    /// Bytes from `data` to the first element.
+    pub byte_offset: u64,
+    /// The shape.
+    pub shape: &'a [i64],
+    /// Strides in elements; `None` means C-contiguous.
+    pub strides: Option<&'a [i64]>,
+    /// The element type.
+    pub dtype: DType,
+    /// Where the memory lives.
+    pub device: Device,
+    /// Whether the producer forbids writes.
+    pub readonly: bool,
+    /// When the protocol states the buffer's size (the buffer protocol does), its length in bytes
+    /// from `data`: elements must lie inside it.
+    pub len_bytes: Option<usize>,
+}
+
+/// Builds a view over foreign memory from a validated descriptor; `keepalive` keeps the producer's
+/// memory valid and is dropped exactly once, when the last array or export over it goes.
+///
+/// # Safety
+/// While `keepalive` lives, the memory the descriptor names is the producer's live allocation on
+/// `device` (only the descriptor's consistency is checked here, not the producer's honesty).
+pub unsafe fn from_descriptor(
+    d: &Descriptor<'_>,
+    keepalive: Box<dyn Any + Send + Sync>,
+) -> Result<Array> {
+    let itemsize = d.dtype.itemsize();
+    let layout = Layout::from_untrusted(d.shape, d.strides, 0, itemsize)?;
+    let first = d
+        .data
+        .checked_add(usize::try_from(d.byte_offset).unwrap_or(usize::MAX))
+        .ok_or_else(|| Error::invalid("data pointer plus byte_offset overflows"))?;
+    let mut ptr = first as *mut u8;
+    if layout.numel() == 0 {
+        // Producers may hand NULL for empty arrays; consumers of ours get an aligned address.
+        if ptr.is_null() {
+            ptr = HOST_ALIGN as *mut u8;
+        }
+    } else {
+        if d.data == 0 {
+            return Err(Error::invalid("data pointer is NULL for a non-empty array"));
+        }
+        let align = alignment(d.dtype);
+        if first % align != 0 {
+            return Err(Error::invalid(format!(
+                "data pointer {first:#x} (byte_offset {}) is not aligned to the {align} bytes \
+                 that {} needs",
+                d.byte_offset, d.dtype
+            )));
+        }
+        if let Some(len) = d.len_bytes {
+            let (start, end) = layout.byte_extent(itemsize)?.expect("non-empty");
+            let base = isize::try_from(first - d.data)
+                .map_err(|_| Error::invalid("byte_offset is too large"))?;
+            if start + base < 0 || (end + base) as usize > len {
+                return Err(Error::invalid(format!(
+                    "strides reach bytes {}..{} but the buffer has {len} bytes",
+                    start + base,
+                    end + base
+                )));
+            }
+        }
+    }
+    // SAFETY: the caller vouches that the memory stays valid while keepalive lives; the buffer
+    // owns keepalive.
+    let buffer = Arc::new(unsafe { Buffer::foreign(ptr, keepalive) });
+    // SAFETY: layout validated above (non-negative shape, addressable extent, alignment, and the
+    // bounds where the protocol states them); device and read-only flag come from the producer.
+    Ok(unsafe { Array::from_parts(buffer, layout, d.dtype, d.device, d.readonly) })
+}
+
+/// A view over an imported DLPack managed tensor (either ABI). The managed tensor's deleter runs
+/// exactly once, when the last array or export over the view goes, or at once if the descriptor
+/// is rejected.
+pub fn from_managed<M: ManagedTensorBase>(managed: Managed<M>) -> Result<Array> {
+    // SAFETY: Managed guarantees a live managed tensor; only `ndim` is read here, so that the
+    // shape array is never read for an absurd rank.
+    let ndim = unsafe { managed.tensor() }.ndim;
+    if !(0..=MAX_NDIM as i32).contains(&ndim) {
+        return Err(Error::invalid(format!(
+            "DLPack ndim {ndim} is outside 0..={MAX_NDIM}"
+        )));
+    }
+    let tensor = managed
+        .validate()
+        .map_err(|e| Error::invalid(format!("invalid DLPack tensor: {e}")))?;
+    let dtype = DType::from_dlpack(tensor.dtype())?;
+    let device = Device::from_dlpack(tensor.device())?;
+    let shape = tensor.shape().to_vec();
+    let strides = tensor.strides().map(<[i64]>::to_vec);
+    let data = tensor.data_ptr() as usize;
+    let byte_offset = tensor.byte_offset();
+    let readonly = managed.flags().contains(DlpackFlags::READ_ONLY);
+    let descriptor = Descriptor {
+        data,
+        byte_offset,
+        shape: &shape,
+        strides: strides.as_deref(),
+        dtype,
+        device,
+        readonly,
+        len_bytes: None,
+    };
+    // SAFETY: DLPack's contract: the memory stays valid until the deleter runs, which happens when
+    // the boxed AllocationDeleter is dropped.
+    unsafe { from_descriptor(&descriptor, Box::new(managed.into_deleter())) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::to_managed;
+    use dlpark::ffi::DLManagedTensorVersioned;
+
+    fn desc<'a>(data: usize, shape: &'a [i64], strides: Option<&'a [i64]>) -> Descriptor<'a> {
+        Descriptor {
+            data,
+            byte_offset: 0,
+            shape,
+            strides,
+            dtype: DType::Float32,
+            device: Device::Cpu,
+            readonly: false,
+            len_bytes: None,
+        }
+    }
+
+    #[test]
+    fn round_trip_through_dlpack_shares_memory() {
+        let a = Array::zeros(&[4, 2], DType::Int16, Device::Cpu).unwrap();
+        let m = to_managed::<DLManagedTensorVersioned>(&a, false).unwrap();
+        let v = from_managed(m).unwrap();
+        assert_eq!(v.data_ptr(), a.data_ptr());
+        assert_eq!(v.shape(), a.shape());
+        assert_eq!(v.dtype(), DType::Int16);
+    }
+
+    #[test]
+    fn descriptors_are_validated() {
+        let data = [0f32; 8];
+        let p = data.as_ptr() as usize;
+        let ok = |d: &Descriptor| {
+            // SAFETY: `data` outlives every view made here.
+            unsafe { from_descriptor(d, Box::new(())) }
+        };
+        assert!(ok(&desc(p, &[2, 4], None)).is_ok());
+        assert!(ok(&desc(0, &[2], None)).is_err());
+        assert!(ok(&desc(0, &[0, 3], None)).is_ok());
+        assert!(ok(&desc(p + 1, &[2], None)).is_err());
+        assert!(ok(&desc(p, &[-2], None)).is_err());
+        let mut bounded = desc(p, &[2, 4], Some(&[4, 1]));
+        bounded.len_bytes = Some(32);
+        assert!(ok(&bounded).is_ok());
+        bounded.strides = Some(&[5, 1]);
+        assert!(ok(&bounded).is_err());
+        let mut neg = desc(p + 28, &[8], Some(&[-1]));
+        neg.len_bytes = Some(4);
+        assert!(ok(&neg).is_err(), "reaches before the buffer start");
+    }
+}
