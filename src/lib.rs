@@ -17,6 +17,8 @@ pub mod ops;
 pub mod storage;
 pub mod view;
 
+#[cfg(feature = "python")]
+pub mod python;
 
 pub use array::Array;
 pub use device::Device;

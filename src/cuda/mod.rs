@@ -39,6 +39,14 @@ pub fn device_count() -> usize {
     cudarc::driver::result::device::get_count().map_or(0, |n| n.max(0) as usize)
 }
 
+/// The calling thread's current CUDA device (what `"cuda"` names).
+pub fn current_device() -> crate::error::Result<Device> {
+    if !is_available() {
+        return Err(unavailable(Device::Cuda(0)));
+    }
+    Ok(Device::Cuda(0))
+}
+
 /// The error for a request that needs CUDA on `device`.
 pub fn unavailable(device: Device) -> Error {
     let why = probe()

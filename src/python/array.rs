@@ -1,0 +1,232 @@
+//! `cubridge.Array`: the Python face of [`Array`], exporting DLPack capsules and the buffer
+//! protocol.
+
+use super::buffer;
+use super::types::{PyDType, PyDevice};
+use crate::array::Array;
+use crate::error::{shape_str, Error};
+use crate::export::{to_managed, zero_copy_flags};
+use crate::ops;
+use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
+use dlpark::python::{export_dlpack, DlpackExporter, ExportAbi, ExportRequest};
+use dlpark::{DlpackFlags, Managed};
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use pyo3::IntoPyObjectExt;
+use std::ffi::c_int;
+
+/// An n-dimensional array whose memory cubridge owns, or a zero-copy view of another library's
+/// array that keeps that array alive.
+#[pyclass(name = "Array", module = "cubridge", frozen)]
+pub struct PyArray {
+    pub inner: Array,
+}
+
+impl PyArray {
+    pub fn new(inner: Array) -> Self {
+        PyArray { inner }
+    }
+}
+
+/// Lets dlpark drive the zero-copy half of `__dlpack__` (ABI choice, flag and device checks).
+struct Exporter<'a>(&'a Array);
+
+impl DlpackExporter for Exporter<'_> {
+    fn device(&self) -> DLDevice {
+        self.0.device().to_dlpack()
+    }
+
+    fn flags(&self) -> DlpackFlags {
+        zero_copy_flags(self.0)
+    }
+
+    fn prepare_export(&self, _py: Python<'_>, _request: &ExportRequest<'_>) -> PyResult<()> {
+        // Host memory has no pending device work to order.
+        Ok(())
+    }
+
+    fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
+        Ok(to_managed(self.0, false)?)
+    }
+
+    fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        Ok(to_managed(self.0, false)?)
+    }
+}
+
+#[pymethods]
+impl PyArray {
+    /// The shape, as a tuple.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.inner.shape())
+    }
+
+    /// The strides in elements, as a tuple.
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.inner.strides())
+    }
+
+    #[getter]
+    fn dtype(&self) -> PyDType {
+        PyDType(self.inner.dtype())
+    }
+
+    #[getter]
+    fn device(&self) -> PyDevice {
+        PyDevice(self.inner.device())
+    }
+
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.inner.ndim()
+    }
+
+    /// Number of elements.
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner.numel()
+    }
+
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.inner.nbytes()
+    }
+
+    /// Whether the memory's producer forbids writes.
+    #[getter]
+    fn readonly(&self) -> bool {
+        self.inner.readonly()
+    }
+
+    /// Address of the first element.
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.inner.data_ptr() as usize
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        match self.inner.shape().first() {
+            Some(&n) => Ok(n),
+            None => Err(pyo3::exceptions::PyTypeError::new_err(
+                "len() of a 0-d array",
+            )),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "cubridge.Array(shape={}, dtype={}, device={})",
+            shape_str(self.inner.shape()),
+            self.inner.dtype(),
+            self.inner.device()
+        )
+    }
+
+    fn __dlpack_device__(&self) -> (u32, i32) {
+        self.inner.device().to_dlpack().into()
+    }
+
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
+        let own = self.inner.device();
+        let target = match request.device() {
+            Some(d) => crate::device::Device::from_dlpack(d).map_err(|e| {
+                PyBufferError::new_err(format!("cannot export to the requested device: {e}"))
+            })?,
+            None => own,
+        };
+        if request.abi() == ExportAbi::Legacy && self.inner.readonly() {
+            return Err(PyBufferError::new_err(
+                "this array is read-only and the legacy DLPack ABI cannot say so; \
+                 ask for max_version=(1, 0) or later",
+            ));
+        }
+        if target == own && copy != Some(true) {
+            return export_dlpack(&Exporter(&self.inner), py, request);
+        }
+        if copy == Some(false) {
+            return Err(PyBufferError::new_err(format!(
+                "copy=False but the array is on {own} and {target} was requested"
+            )));
+        }
+        let src = &self.inner;
+        let copied = py.detach(|| ops::copy(src, src.dtype(), target))?;
+        match request.abi() {
+            ExportAbi::Versioned => to_managed::<DLManagedTensorVersioned>(&copied, true)?
+                .into_bound_py_any(py)
+                .map(Bound::unbind),
+            ExportAbi::Legacy => to_managed::<DLManagedTensor>(&copied, true)?
+                .into_bound_py_any(py)
+                .map(Bound::unbind),
+        }
+    }
+
+    /// A numpy array holding a copy of the data.
+    fn to_numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let array = &slf.get().inner;
+        if array.dtype().buffer_format().is_none() {
+            return Err(Error::UnsupportedDType(format!(
+                "numpy has no {}; convert with torch.from_dlpack instead",
+                array.dtype()
+            ))
+            .into());
+        }
+        let source = if array.device().is_host_accessible() {
+            slf.clone().into_any()
+        } else {
+            let host = py.detach(|| ops::copy(array, array.dtype(), crate::Device::Cpu))?;
+            Bound::new(py, PyArray::new(host))?.into_any()
+        };
+        let numpy = py.import("numpy")?;
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("copy", true)?;
+        numpy.call_method("array", (source,), Some(&kwargs))
+    }
+
+    /// A copy of the array on `device` (always a new array).
+    fn to_device(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<PyArray> {
+        let device = super::types::parse_device(Some(device))?;
+        let src = &self.inner;
+        Ok(PyArray::new(
+            py.detach(|| ops::copy(src, src.dtype(), device))?,
+        ))
+    }
+
+    fn __add__(slf: &Bound<'_, Self>, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        super::functions::add_operands(slf.as_any(), other)
+    }
+
+    fn __radd__(slf: &Bound<'_, Self>, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        super::functions::add_operands(other, slf.as_any())
+    }
+
+    /// # Safety
+    /// Called by CPython with a valid `view` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        // SAFETY: forwarded from CPython's buffer protocol call.
+        unsafe { buffer::fill(slf.as_any(), &slf.get().inner, view, flags) }
+    }
+
+    /// # Safety
+    /// Called by CPython with a view that `__getbuffer__` filled.
+    unsafe fn __releasebuffer__(&self, view: *mut pyo3::ffi::Py_buffer) {
+        // SAFETY: forwarded from CPython; `view` was filled by `buffer::fill`.
+        unsafe { buffer::release(view) }
+    }
+}

@@ -1,0 +1,246 @@
+//! Turning Python objects into arrays: DLPack producers and capsules, the buffer protocol, and
+//! (for `asarray`) Python scalars and nested sequences. Foreign memory is viewed, never copied,
+//! unless the caller asks for a copy, another dtype or another device.
+
+use super::array::PyArray;
+use super::buffer;
+use crate::array::Array;
+use crate::cpu::copy::fill;
+use crate::cpu::element::Scalar;
+use crate::device::Device;
+use crate::dtype::{DType, Kind};
+use crate::error::Error;
+use crate::ops;
+use crate::view::from_managed;
+use dlpark::python::{from_dlpack as dlpark_import, ImportedDlpack};
+use dlpark::DlpackFlags;
+use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
+
+/// An imported array and whether the producer handed over a copy rather than its own memory.
+pub struct Imported {
+    pub array: Array,
+    pub copied: bool,
+}
+
+fn has_attr(obj: &Bound<'_, PyAny>, name: &str) -> bool {
+    obj.hasattr(name).unwrap_or(false)
+}
+
+fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
+    obj.cast::<pyo3::types::PyCapsule>().is_ok()
+}
+
+/// Imports `obj` without copying: a cubridge array as is, a DLPack producer or capsule, or a
+/// buffer-protocol object. Errors with TypeError for anything else.
+pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
+    if let Ok(a) = obj.cast::<PyArray>() {
+        return Ok(Imported {
+            array: a.get().inner.clone(),
+            copied: false,
+        });
+    }
+    if is_capsule(obj) || has_attr(obj, "__dlpack__") {
+        match import_dlpack(obj) {
+            Ok(imported) => return Ok(imported),
+            // A producer that can describe its memory only through the buffer protocol (for
+            // example a read-only numpy array under the legacy ABI) refuses DLPack with
+            // BufferError; the buffer protocol then serves.
+            Err(e) if e.is_instance_of::<PyBufferError>(obj.py()) && !is_capsule(obj) => {
+                if let Some(array) = buffer::import(obj)? {
+                    return Ok(Imported {
+                        array,
+                        copied: false,
+                    });
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(array) = buffer::import(obj)? {
+        return Ok(Imported {
+            array,
+            copied: false,
+        });
+    }
+    Err(PyTypeError::new_err(format!(
+        "cubridge cannot read a {}: it needs __dlpack__, a DLPack capsule or the buffer protocol",
+        obj.get_type().name()?
+    )))
+}
+
+/// DLPack import: a versioned capsule is asked for first; a producer whose `__dlpack__` predates
+/// `max_version` (it raises TypeError) is asked again the legacy way.
+fn import_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
+    let py = obj.py();
+    let imported = match dlpark_import(obj.as_borrowed(), None, None) {
+        Ok(imported) => imported,
+        Err(e) if e.is_instance_of::<PyTypeError>(py) && !is_capsule(obj) => {
+            let capsule = obj.call_method0("__dlpack__").map_err(|_| e)?;
+            dlpark_import(capsule.as_borrowed(), None, None)?
+        }
+        Err(e) => return Err(e),
+    };
+    let copied = imported.flags().contains(DlpackFlags::IS_COPIED);
+    let array = match imported {
+        ImportedDlpack::Legacy(m) => from_managed(m)?,
+        ImportedDlpack::Versioned(m) => from_managed(m)?,
+    };
+    Ok(Imported { array, copied })
+}
+
+/// Applies the Array API `copy` / `dtype` / `device` rules to an imported array: no copy unless
+/// one is needed or asked for; `copy=False` refuses a needed copy.
+pub fn finish(
+    py: Python<'_>,
+    imported: Imported,
+    dtype: Option<DType>,
+    device: Option<Device>,
+    copy: Option<bool>,
+) -> PyResult<Array> {
+    let Imported { array, copied } = imported;
+    let dtype_target = dtype.unwrap_or(array.dtype());
+    let device_target = device.unwrap_or(array.device());
+    let needs_copy = dtype_target != array.dtype() || device_target != array.device();
+    if copy == Some(false) && (needs_copy || copied) {
+        return Err(Error::invalid(format!(
+            "copy=False, but a {} array on {} cannot be seen as {dtype_target} on \
+             {device_target} without copying",
+            array.dtype(),
+            array.device()
+        ))
+        .into());
+    }
+    if needs_copy || (copy == Some(true) && !copied) {
+        return Ok(py.detach(|| ops::copy(&array, dtype_target, device_target))?);
+    }
+    Ok(array)
+}
+
+/// A Python scalar as a [`Scalar`], or `None` if `obj` is not one.
+pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
+    // bool is a subclass of int: test it first.
+    if obj.is_instance_of::<PyBool>() {
+        return Ok(Some(Scalar::Bool(obj.extract()?)));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        let v: i128 = obj.extract().map_err(|_| {
+            Error::invalid(format!(
+                "integer {} does not fit in 64 bits",
+                obj.str().unwrap()
+            ))
+        })?;
+        if v < i64::MIN as i128 || v > u64::MAX as i128 {
+            return Err(Error::invalid(format!("integer {v} does not fit in 64 bits")).into());
+        }
+        return Ok(Some(Scalar::Int(v)));
+    }
+    if obj.is_instance_of::<PyFloat>() {
+        return Ok(Some(Scalar::Float(obj.extract()?)));
+    }
+    if let Ok(c) = obj.cast::<PyComplex>() {
+        return Ok(Some(Scalar::Complex(c.real(), c.imag())));
+    }
+    Ok(None)
+}
+
+/// The dtype a Python scalar takes by default (the Array API's defaults, float32 for floats).
+pub fn default_dtype(value: Scalar) -> DType {
+    match value {
+        Scalar::Bool(_) => DType::Bool,
+        Scalar::Int(_) => DType::Int64,
+        Scalar::Float(_) => DType::Float32,
+        Scalar::Complex(..) => DType::Complex64,
+    }
+}
+
+fn widest(a: DType, b: DType) -> DType {
+    let rank = |d: DType| match d.kind() {
+        Kind::Bool => 0,
+        Kind::Int | Kind::UInt => 1,
+        Kind::Float => 2,
+        Kind::Complex => 3,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
+    }
+}
+
+/// Builds a new array from a Python scalar or a nested list/tuple of scalars.
+pub fn from_sequence(
+    obj: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+    device: Device,
+) -> PyResult<Option<Array>> {
+    if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>())
+        && python_scalar(obj)?.is_none()
+    {
+        return Ok(None);
+    }
+    let mut shape = Vec::new();
+    let mut values = Vec::new();
+    flatten(obj, 0, &mut shape, &mut values)?;
+    let inferred = values
+        .iter()
+        .map(|&v| default_dtype(v))
+        .reduce(widest)
+        .unwrap_or(DType::Float32);
+    let dtype = dtype.unwrap_or(inferred);
+    let host = Array::empty(&shape, dtype, Device::Cpu)?;
+    let size = dtype.itemsize();
+    for (i, &v) in values.iter().enumerate() {
+        crate::ops::create::check_value_kind(v, dtype)?;
+        // SAFETY: element i of a fresh contiguous host array of values.len() elements.
+        unsafe { fill(dtype, host.data_ptr().add(i * size), 1, v) };
+    }
+    if device == Device::Cpu {
+        Ok(Some(host))
+    } else {
+        Ok(Some(ops::copy(&host, dtype, device)?))
+    }
+}
+
+fn flatten(
+    obj: &Bound<'_, PyAny>,
+    depth: usize,
+    shape: &mut Vec<usize>,
+    values: &mut Vec<Scalar>,
+) -> PyResult<()> {
+    if let Some(v) = python_scalar(obj)? {
+        if depth != shape.len() {
+            return Err(Error::invalid("nested sequences have inconsistent depths").into());
+        }
+        values.push(v);
+        return Ok(());
+    }
+    if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
+        return Err(PyTypeError::new_err(format!(
+            "cannot put a {} into an array",
+            obj.get_type().name()?
+        )));
+    }
+    if depth > crate::layout::MAX_NDIM {
+        return Err(Error::invalid("sequence nesting is deeper than 64").into());
+    }
+    let len = obj.len()?;
+    if depth == shape.len() {
+        if !values.is_empty() {
+            return Err(Error::invalid("nested sequences have inconsistent depths").into());
+        }
+        shape.push(len);
+    } else if shape[depth] != len {
+        return Err(Error::invalid(format!(
+            "nested sequences have inconsistent lengths at depth {depth}: {} and {len}",
+            shape[depth]
+        ))
+        .into());
+    }
+    for item in obj.try_iter()? {
+        flatten(&item?, depth + 1, shape, values)?;
+    }
+    Ok(())
+}

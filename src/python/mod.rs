@@ -1,0 +1,31 @@
+//! Python bindings (the `python` feature). Thin: each function converts its arguments, calls the
+//! core, and converts back.
+
+mod array;
+mod buffer;
+mod errors;
+mod functions;
+mod import;
+mod types;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+#[pyo3(name = "_cubridge")]
+fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<array::PyArray>()?;
+    m.add_class::<types::PyDType>()?;
+    m.add_class::<types::PyDevice>()?;
+    errors::register(m)?;
+    m.add_function(wrap_pyfunction!(functions::empty, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::zeros, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::full, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::arange, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::from_dlpack, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::asarray, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::add, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_is_available, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_device_count, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! `cubridge.dtype` and `cubridge.Device`: small value classes whose `str()` is the canonical
+//! name and that compare equal to that name.
+
+use crate::device::{Device, DeviceSpec};
+use crate::dtype::DType;
+use crate::error::Error;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+/// An element type. `str(d)` is its canonical name, and `d == "float32"` holds for float32.
+#[pyclass(name = "dtype", module = "cubridge", frozen)]
+#[derive(Clone, Copy)]
+pub struct PyDType(pub DType);
+
+#[pymethods]
+impl PyDType {
+    #[new]
+    fn new(name: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(PyDType(parse_dtype(name)?))
+    }
+
+    /// The canonical name.
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    /// Bytes per element.
+    #[getter]
+    fn itemsize(&self) -> usize {
+        self.0.itemsize()
+    }
+
+    fn __str__(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("cubridge.{}", self.0.name())
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        if let Ok(d) = other.cast::<PyDType>() {
+            return d.get().0 == self.0;
+        }
+        other.extract::<&str>().is_ok_and(|s| s == self.0.name())
+    }
+
+    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        // Equal to the name, so hash like the name.
+        PyString::new(py, self.0.name()).hash()
+    }
+}
+
+/// A device. `str(d)` is `"cpu"`, `"cuda:0"`, `"cuda_host"` or `"cuda_managed"`, and `d` compares
+/// equal to that string.
+#[pyclass(name = "Device", module = "cubridge", frozen)]
+#[derive(Clone, Copy)]
+pub struct PyDevice(pub Device);
+
+#[pymethods]
+impl PyDevice {
+    #[new]
+    fn new(name: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(PyDevice(parse_device(Some(name))?))
+    }
+
+    /// `"cpu"`, `"cuda"`, `"cuda_host"` or `"cuda_managed"`.
+    #[getter]
+    fn r#type(&self) -> &'static str {
+        match self.0 {
+            Device::Cpu => "cpu",
+            Device::Cuda(_) => "cuda",
+            Device::CudaHost => "cuda_host",
+            Device::CudaManaged => "cuda_managed",
+        }
+    }
+
+    /// The CUDA device ordinal, or None for host memory.
+    #[getter]
+    fn index(&self) -> Option<u32> {
+        match self.0 {
+            Device::Cuda(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    fn __str__(&self) -> String {
+        self.0.to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("cubridge.Device('{}')", self.0)
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        if let Ok(d) = other.cast::<PyDevice>() {
+            return d.get().0 == self.0;
+        }
+        other
+            .extract::<&str>()
+            .is_ok_and(|s| s == self.0.to_string())
+    }
+
+    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        PyString::new(py, &self.0.to_string()).hash()
+    }
+}
+
+/// Reads a dtype argument: a `cubridge.dtype`, a canonical name, or another library's dtype
+/// object whose name is canonical (numpy's `dtype('float32')` or `np.float32`, `torch.float32`).
+pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
+    if let Ok(d) = obj.cast::<PyDType>() {
+        return Ok(d.get().0);
+    }
+    if let Ok(s) = obj.extract::<String>() {
+        return Ok(DType::from_name(&s)?);
+    }
+    for attr in ["name", "__name__"] {
+        if let Ok(name) = obj.getattr(attr).and_then(|n| n.extract::<String>()) {
+            if let Ok(d) = DType::from_name(&name) {
+                return Ok(d);
+            }
+        }
+    }
+    let text = obj.str()?.to_string();
+    if let Ok(d) = DType::from_name(text.strip_prefix("torch.").unwrap_or(&text)) {
+        return Ok(d);
+    }
+    Err(Error::UnsupportedDType(obj.repr()?.to_string()).into())
+}
+
+/// Reads a device argument (None means cpu): a `cubridge.Device` or a name.
+pub fn parse_device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
+    let Some(obj) = obj else {
+        return Ok(Device::Cpu);
+    };
+    if obj.is_none() {
+        return Ok(Device::Cpu);
+    }
+    if let Ok(d) = obj.cast::<PyDevice>() {
+        return Ok(d.get().0);
+    }
+    let text: String = obj.str()?.to_string();
+    match Device::parse(&text)? {
+        DeviceSpec::Exact(d) => Ok(d),
+        DeviceSpec::CurrentCuda => Ok(crate::cuda::current_device()?),
+    }
+}
