@@ -6,7 +6,6 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::view::{from_descriptor, Descriptor};
-use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -138,48 +137,117 @@ pub unsafe fn release(view: *mut ffi::Py_buffer) {
     }
 }
 
+/// A `Py_buffer` obtained from an exporter, released exactly once when dropped (from any
+/// thread: release re-attaches to the interpreter, and is skipped only after it has finalized).
+/// pyo3's own buffer type refuses the NULL shape that 0-d exporters (numpy scalars) hand over,
+/// so cubridge holds the raw view itself.
+struct HeldBuffer(Box<ffi::Py_buffer>);
+
+// SAFETY: the exporter keeps the view's memory valid until release; release runs with the
+// interpreter attached whatever thread drops the holder.
+unsafe impl Send for HeldBuffer {}
+// SAFETY: shared references only read the filled-in fields.
+unsafe impl Sync for HeldBuffer {}
+
+impl Drop for HeldBuffer {
+    fn drop(&mut self) {
+        let view: *mut ffi::Py_buffer = &mut *self.0;
+        // SAFETY: the view was filled by a successful PyObject_GetBuffer and is released once.
+        let _ = Python::try_attach(|_| unsafe { ffi::PyBuffer_Release(view) });
+    }
+}
+
 /// A zero-copy view of a buffer-protocol object, or `None` if it has no buffer protocol. The view
 /// holds the buffer (and so the object) until the last array over it goes.
 pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
     let py = obj.py();
-    let buf = match PyUntypedBuffer::get(obj) {
-        Ok(buf) => buf,
-        Err(e) if e.is_instance_of::<PyTypeError>(py) => return Ok(None),
-        Err(e) => return Err(e),
+    // SAFETY: Py_buffer is a plain C struct; all-zero is a valid "unfilled" state.
+    let mut raw: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: `obj` is a live object and `raw` a writable Py_buffer; on success the view must be
+    // released, which the HeldBuffer below guarantees.
+    let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *raw, ffi::PyBUF_FULL_RO) };
+    if rc != 0 {
+        let e = PyErr::fetch(py);
+        return if e.is_instance_of::<PyTypeError>(py) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    let held = HeldBuffer(raw);
+    let v = &*held.0;
+    let ndim = usize::try_from(v.ndim).unwrap_or(usize::MAX);
+    if ndim > crate::layout::MAX_NDIM {
+        return Err(Error::invalid(format!("buffer ndim {} is out of range", v.ndim)).into());
+    }
+    let itemsize = usize::try_from(v.itemsize)
+        .ok()
+        .filter(|&i| i > 0)
+        .ok_or_else(|| Error::invalid(format!("buffer itemsize {} is invalid", v.itemsize)))?;
+    if ndim > 0 && v.shape.is_null() {
+        return Err(Error::invalid("buffer has dimensions but no shape").into());
+    }
+    // SAFETY (the three reads below): a filled Py_buffer's shape, strides and suboffsets, where
+    // non-NULL, hold `ndim` entries, and its format, where non-NULL, is a C string.
+    let dims: &[isize] = if ndim == 0 {
+        &[]
+    } else {
+        unsafe { std::slice::from_raw_parts(v.shape, ndim) }
     };
-    if buf.suboffsets().is_some_and(|s| s.iter().any(|&o| o >= 0)) {
+    if !v.suboffsets.is_null()
+        && unsafe { std::slice::from_raw_parts(v.suboffsets, ndim) }
+            .iter()
+            .any(|&o| o >= 0)
+    {
         return Err(Error::invalid("indirect (PIL-style) buffers are not supported").into());
     }
-    let format = buf.format().to_string_lossy().into_owned();
-    let itemsize = buf.item_size();
+    let format = if v.format.is_null() {
+        "B".to_string()
+    } else {
+        unsafe { std::ffi::CStr::from_ptr(v.format) }
+            .to_string_lossy()
+            .into_owned()
+    };
     let dtype = DType::from_buffer_format(&format, itemsize)?;
-    let shape: Vec<i64> = buf.shape().iter().map(|&d| d as i64).collect();
-    let strides = buf
-        .strides()
-        .iter()
-        .map(|&s| {
-            if s % itemsize as isize != 0 {
-                Err(Error::invalid(format!(
-                    "buffer stride {s} is not a multiple of the item size {itemsize}"
-                )))
-            } else {
-                Ok((s / itemsize as isize) as i64)
-            }
-        })
-        .collect::<Result<Vec<i64>, Error>>()?;
+    let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    let strides = if v.strides.is_null() || ndim == 0 {
+        None
+    } else {
+        // SAFETY: see above.
+        let bytes = unsafe { std::slice::from_raw_parts(v.strides, ndim) };
+        Some(
+            bytes
+                .iter()
+                .map(|&s| {
+                    if s % itemsize as isize != 0 {
+                        Err(Error::invalid(format!(
+                            "buffer stride {s} is not a multiple of the item size {itemsize}"
+                        )))
+                    } else {
+                        Ok((s / itemsize as isize) as i64)
+                    }
+                })
+                .collect::<Result<Vec<i64>, Error>>()?,
+        )
+    };
     let descriptor = Descriptor {
-        data: buf.buf_ptr() as usize,
+        data: v.buf as usize,
         byte_offset: 0,
         shape: &shape,
-        strides: Some(&strides),
+        strides: strides.as_deref(),
         dtype,
         device: Device::Cpu,
-        readonly: buf.readonly(),
-        len_bytes: None,
+        readonly: v.readonly != 0,
+        // Without strides the buffer is C-contiguous and `len` bounds it exactly.
+        len_bytes: if strides.is_none() {
+            usize::try_from(v.len).ok()
+        } else {
+            None
+        },
     };
     // SAFETY: the exporter keeps the memory valid (and, for resizable objects, fixed) until the
-    // buffer is released, which happens when the boxed PyUntypedBuffer is dropped.
+    // view is released, which happens when the boxed HeldBuffer is dropped.
     Ok(Some(unsafe {
-        from_descriptor(&descriptor, Box::new(buf))?
+        from_descriptor(&descriptor, Box::new(held))?
     }))
 }

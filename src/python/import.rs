@@ -137,10 +137,12 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
         }
         return Ok(Some(Scalar::Int(v)));
     }
-    if obj.is_instance_of::<PyFloat>() {
+    // Exact types: numpy's float64 and complex128 scalars subclass float and complex, but they
+    // carry their own dtype and come in through the buffer protocol instead.
+    if obj.is_exact_instance_of::<PyFloat>() {
         return Ok(Some(Scalar::Float(obj.extract()?)));
     }
-    if let Ok(c) = obj.cast::<PyComplex>() {
+    if let Ok(c) = obj.cast_exact::<PyComplex>() {
         return Ok(Some(Scalar::Complex(c.real(), c.imag())));
     }
     Ok(None)

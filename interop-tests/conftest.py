@@ -1,0 +1,83 @@
+"""Shared fixtures for the interop tests: optional frameworks, the dtype table, hypothesis profiles.
+
+Every framework import is tried once here; tests that need a missing framework are skipped with
+the reason, and CUDA tests are marked ``cuda`` and skip cleanly where no GPU is present.
+"""
+
+import importlib
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import cubridge as cb
+
+
+def _try_import(name):
+    try:
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - any import failure means "not available here"
+        return None
+
+
+torch = _try_import("torch")
+jax = _try_import("jax")
+if jax is not None:
+    jax.config.update("jax_enable_x64", True)
+    jnp = importlib.import_module("jax.numpy")
+else:
+    jnp = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+needs_jax = pytest.mark.skipif(jax is None, reason="jax is not installed")
+
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.register_profile("slow", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# All 15 dtypes; numpy has all but bfloat16.
+ALL_DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+]  # fmt: skip
+NUMPY_DTYPES = [d for d in ALL_DTYPES if d != "bfloat16"]
+# torch has no uint16/32/64 arithmetic on CPU in every version, but it can hold them.
+TORCH_DTYPES = ALL_DTYPES
+
+
+def torch_dtype(name):
+    return getattr(torch, name)
+
+
+def sample(shape, dtype, seed=0):
+    """Deterministic test values of a numpy dtype, small enough not to overflow int8 sums."""
+    return np.asarray(_sample(shape, dtype, seed))
+
+
+def _sample(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(0, 60, size=shape).astype(dtype)
+    if dtype.startswith("complex"):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def torch_sample(shape, dtype, seed=0):
+    """Test values as a torch CPU tensor of any dtype (bfloat16 included)."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(sample(shape, "float32", seed)).to(torch.bfloat16)
+    if dtype in ("uint16", "uint32", "uint64"):
+        return torch.from_numpy(sample(shape, "int64", seed)).to(torch_dtype(dtype))
+    return torch.from_numpy(sample(shape, dtype, seed))
+
+
+@pytest.fixture
+def cb_module():
+    return cb

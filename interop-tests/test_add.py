@@ -1,0 +1,290 @@
+"""cubridge.add on foreign memory (numpy, torch, jax, cubridge): every dtype, layouts from 0-d to
+4-d, strided and broadcast inputs, promotion, foreign ``out``, aliasing, and errors. Every result
+is compared with numpy's or torch's own answer."""
+
+import itertools
+
+import numpy as np
+import pytest
+from conftest import (
+    ALL_DTYPES,
+    NUMPY_DTYPES,
+    jnp,
+    needs_jax,
+    needs_torch,
+    sample,
+    torch,
+    torch_sample,
+)
+
+import cubridge as cb
+
+
+def check(result, expected):
+    """Compares a cubridge result with numpy's, dtype included."""
+    got = np.from_dlpack(result)
+    assert got.dtype == expected.dtype, (got.dtype, expected.dtype)
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_every_numpy_dtype_matches_numpy(dtype):
+    a, b = sample((5, 7), dtype, 1), sample((5, 7), dtype, 2)
+    check(cb.add(a, b), np.add(a, b))
+
+
+def test_float16_rounds_like_numpy():
+    # Values whose float32 sum is not representable in float16, so rounding matters.
+    a = np.array([2048, 2048, 0.1, 65504, -0.0, 1e-7], dtype=np.float16)
+    b = np.array([1, 3, 0.2, 65504, 0.0, 1e-7], dtype=np.float16)
+    check(cb.add(a, b), a + b)
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal(4096) * 1000).astype(np.float16)
+    b = (rng.standard_normal(4096) * 3).astype(np.float16)
+    check(cb.add(a, b), a + b)
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_every_dtype_matches_torch(dtype):
+    a, b = torch_sample((3, 6), dtype, 3), torch_sample((3, 6), dtype, 4)
+    got = torch.from_dlpack(cb.add(a, b))
+    if dtype.startswith("uint") and dtype != "uint8":
+        # torch lacks CPU add for these: compare through int64, wrapping as the dtype does.
+        want = (a.to(torch.int64) + b.to(torch.int64)).to(a.dtype)
+    else:
+        want = a + b
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want)
+
+
+@needs_torch
+def test_bfloat16_rounds_like_torch():
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randn(10000, generator=g) * 300).to(torch.bfloat16)
+    b = torch.randn(10000, generator=g).to(torch.bfloat16)
+    assert torch.equal(torch.from_dlpack(cb.add(a, b)), a + b)
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_numpy_plus_torch_into_torch(dtype):
+    """The issue's acceptance check: torch.from_dlpack(add(numpy_a, torch_b)) == numpy's sum."""
+    a, b = sample((4, 3), dtype, 5), sample((4, 3), dtype, 6)
+    if dtype in ("uint16", "uint32", "uint64"):
+        tb = torch.from_numpy(b.astype(np.int64)).to(getattr(torch, dtype))
+    else:
+        tb = torch.from_numpy(b.copy())
+    got = torch.from_dlpack(cb.add(a, tb))
+    np.testing.assert_array_equal(got.numpy() if dtype != "bool" else got.numpy(), a + b)
+
+
+SHAPES = [(), (0,), (1,), (7,), (3, 4), (2, 3, 4), (2, 1, 3, 5), (4, 0, 2)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "int16", "complex128", "bool"])
+def test_shapes_from_0d_to_4d(shape, dtype):
+    a, b = sample(shape, dtype, 1), sample(shape, dtype, 2)
+    check(cb.add(a, b), a + b)
+
+
+# Each layout views a different base array as shape (3, 4, 5), so every pair can be added.
+LAYOUTS = {
+    "contiguous": ((3, 4, 5), lambda x: x),
+    "transposed": ((5, 3, 4), lambda x: x.transpose(1, 2, 0)),
+    "sliced": ((4, 8, 6), lambda x: x[1:, ::2, 1:]),
+    "negative": ((3, 4, 5), lambda x: x[::-1, :, ::-1]),
+    "offset_step": ((3, 12, 5), lambda x: x[:, 1::3, :]),
+}
+
+
+@pytest.mark.parametrize("la", LAYOUTS, ids=str)
+@pytest.mark.parametrize("lb", LAYOUTS, ids=str)
+def test_strided_layout_pairs(la, lb):
+    (shape_a, view_a), (shape_b, view_b) = LAYOUTS[la], LAYOUTS[lb]
+    a = view_a(sample(shape_a, "float64", 1))
+    b = view_b(sample(shape_b, "float64", 2))
+    assert a.shape == b.shape == (3, 4, 5)
+    check(cb.add(a, b), a + b)
+    out = view_a(np.zeros(shape_a))
+    cb.add(a, b, out=out)
+    np.testing.assert_array_equal(out, a + b)
+
+
+@pytest.mark.parametrize(
+    "sa,sb",
+    [((3, 1), (4,)), ((), (2, 3)), ((5, 1, 4), (3, 1)), ((1,), (0,)), ((2, 3), (1, 1))],
+    ids=str,
+)
+def test_broadcasting(sa, sb):
+    a, b = sample(sa, "int32", 1), sample(sb, "int32", 2)
+    check(cb.add(a, b), a + b)
+    check(cb.add(b, a), b + a)
+
+
+def test_zero_stride_inputs():
+    a = np.broadcast_to(np.arange(4.0), (3, 4))
+    b = np.broadcast_to(np.arange(3.0)[:, None], (3, 4))
+    check(cb.add(a, b), a + b)
+
+
+PROMOTIONS = [
+    ("float16", "float32", "float32"),
+    ("int8", "int32", "int32"),
+    ("uint8", "int16", "int16"),
+    ("uint8", "int8", "int16"),
+    ("uint32", "int32", "int64"),
+    ("uint16", "uint64", "uint64"),
+    ("float32", "float64", "float64"),
+    ("float32", "complex64", "complex64"),
+    ("float64", "complex64", "complex128"),
+    ("complex64", "complex128", "complex128"),
+]
+
+
+@pytest.mark.parametrize("da,db,dr", PROMOTIONS)
+def test_promotion_matches_numpy(da, db, dr):
+    a, b = sample((6,), da, 1), sample((6,), db, 2)
+    assert np.result_type(a, b) == np.dtype(dr)
+    check(cb.add(a, b), a + b)
+    check(cb.add(b, a), b + a)
+
+
+@needs_torch
+def test_bfloat16_with_float16_promotes_to_float32_like_torch():
+    a = torch_sample((5,), "bfloat16", 1)
+    b = torch_sample((5,), "float16", 2)
+    got = torch.from_dlpack(cb.add(a, b))
+    want = a + b
+    assert want.dtype == torch.float32 and got.dtype == torch.float32
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "da,db", [("int32", "float32"), ("bool", "int8"), ("uint64", "int64"), ("int8", "complex64")]
+)
+def test_mixing_kinds_is_a_type_error_naming_both(da, db):
+    a, b = sample((2,), da), sample((2,), db)
+    with pytest.raises(TypeError, match=f"{da}.*{db}"):
+        cb.add(a, b)
+
+
+@needs_torch
+def test_foreign_out_is_written_in_place():
+    a, b = sample((3, 4), "float32", 1), sample((4,), "float32", 2)
+    out = torch.zeros(3, 4)
+    ptr = out.data_ptr()
+    r = cb.add(a, b, out=out)
+    assert r.data_ptr == ptr
+    np.testing.assert_array_equal(out.numpy(), a + b)
+    # A transposed torch out.
+    out_t = torch.zeros(4, 3).T
+    cb.add(a, b, out=out_t)
+    np.testing.assert_array_equal(out_t.numpy(), a + b)
+
+
+def test_numpy_out_and_cubridge_out():
+    a, b = sample((2, 5), "int64", 1), sample((2, 5), "int64", 2)
+    out = np.empty((2, 5), dtype=np.int64)
+    cb.add(a, b, out=out)
+    np.testing.assert_array_equal(out, a + b)
+    cout = cb.empty((2, 5), dtype="int64")
+    assert cb.add(a, b, out=cout) is cout
+    check(cout, a + b)
+
+
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_out_may_alias_an_input_exactly(which):
+    a, b = sample((64, 33), "float32", 1), sample((64, 33), "float32", 2)
+    expected = a + b
+    target = a if which == "a" else b
+    cb.add(a, b, out=target)
+    np.testing.assert_array_equal(target, expected)
+
+
+def test_out_aliasing_transposed_input():
+    base = sample((8, 8), "float64", 1)
+    a = base.T
+    b = sample((8, 8), "float64", 2)
+    expected = a + b
+    cb.add(a, b, out=a)
+    np.testing.assert_array_equal(a, expected)
+
+
+def test_partial_overlap_is_refused():
+    buf = np.arange(10.0)
+    with pytest.raises(ValueError, match="overlap"):
+        cb.add(buf[:8], buf[:8], out=buf[2:])
+    with pytest.raises(ValueError, match="overlap"):
+        cb.add(buf[::-1], buf, out=buf)
+
+
+def test_out_errors():
+    a = sample((3,), "float32")
+    with pytest.raises(ValueError, match="shape"):
+        cb.add(a, a, out=np.empty(4, np.float32))
+    with pytest.raises(ValueError, match="dtype"):
+        cb.add(a, a, out=np.empty(3, np.float64))
+    ro = np.empty(3, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        cb.add(a, a, out=ro)
+    with pytest.raises(ValueError, match="zero stride"):
+        overlapping = np.lib.stride_tricks.as_strided(np.empty(1, np.float32), (3,), (0,))
+        cb.add(a, a, out=overlapping)
+
+
+def test_shape_errors_and_bad_operands():
+    with pytest.raises(ValueError, match="broadcast"):
+        cb.add(np.zeros(3), np.zeros(4))
+    with pytest.raises(TypeError, match="cannot read"):
+        cb.add(object(), np.zeros(3))
+    with pytest.raises(ValueError, match="stream"):
+        cb.add(np.zeros(3), np.zeros(3), stream=1)
+
+
+def test_python_scalars_take_the_array_dtype():
+    a = sample((4,), "int16")
+    check(cb.add(a, 3), a + np.int16(3))
+    check(cb.add(2, a), a + np.int16(2))
+    f = sample((4,), "float32")
+    check(cb.add(f, 0.5), f + np.float32(0.5))
+    with pytest.raises(TypeError):
+        cb.add(a, 0.5)
+
+
+def test_operator_plus():
+    a = cb.asarray(np.arange(4, dtype=np.int32))
+    check(a + a, np.arange(4, dtype=np.int32) * 2)
+    check(a + 1, np.arange(1, 5, dtype=np.int32))
+    check(1 + a, np.arange(1, 5, dtype=np.int32))
+    check(a + np.ones(4, dtype=np.int32), np.arange(1, 5, dtype=np.int32))
+
+
+@needs_jax
+def test_jax_inputs():
+    x = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+    y = jnp.ones(4, dtype=jnp.float32)
+    check(cb.add(x, y), np.asarray(x) + np.asarray(y))
+
+
+def test_large_adds_use_the_parallel_path_correctly():
+    # Big enough to split across cores; strided and broadcast to exercise the walker's splits.
+    a = sample((1 << 11, 1 << 9), "float32", 1)
+    b = sample((1 << 9,), "float32", 2)
+    check(cb.add(a, b), a + b)
+    check(cb.add(a.T, a.T), a.T + a.T)
+
+
+def test_mixed_dtype_table_against_numpy():
+    """Every pair numpy and cubridge both define gives numpy's dtype and values."""
+    for da, db in itertools.product(NUMPY_DTYPES, repeat=2):
+        a, b = sample((3,), da, 1), sample((3,), db, 2)
+        try:
+            r = cb.add(a, b)
+        except TypeError as e:
+            assert da in str(e) and db in str(e)
+            continue
+        check(r, a + b)

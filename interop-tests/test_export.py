@@ -1,0 +1,195 @@
+"""Exporting cubridge arrays: DLPack (legacy and versioned capsules), the buffer protocol, and
+the consumers numpy, torch and jax. Values are checked against numpy; zero-copy by pointers."""
+
+import ctypes
+import gc
+
+import numpy as np
+import pytest
+from conftest import ALL_DTYPES, NUMPY_DTYPES, jax, jnp, needs_jax, needs_torch, sample, torch
+
+import cubridge as cb
+
+
+def capsule_name(capsule):
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype = ctypes.c_char_p
+    get_name.argtypes = [ctypes.py_object]
+    return get_name(capsule).decode()
+
+
+def test_dlpack_device_and_capsule_kinds():
+    a = cb.zeros((2, 3))
+    assert a.__dlpack_device__() == (1, 0)
+    assert capsule_name(a.__dlpack__()) == "dltensor"
+    assert capsule_name(a.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
+    assert capsule_name(a.__dlpack__(max_version=(2, 5))) == "dltensor_versioned"
+    assert capsule_name(a.__dlpack__(max_version=(0, 8))) == "dltensor"
+    # Every call is a fresh capsule.
+    assert a.__dlpack__() is not a.__dlpack__()
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_numpy_reads_every_dtype_zero_copy(dtype):
+    ref = sample((3, 4), dtype)
+    a = cb.asarray(ref)
+    n = np.from_dlpack(a)
+    assert n.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(n, ref)
+    assert n.ctypes.data == a.data_ptr
+    # The buffer protocol shares the same memory.
+    assert np.asarray(a).ctypes.data == a.data_ptr
+    assert memoryview(a).nbytes == ref.nbytes
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_torch_reads_every_dtype_zero_copy(dtype):
+    from conftest import torch_sample
+
+    ref = torch_sample((3, 4), dtype)
+    a = cb.from_dlpack(ref.clone())
+    t = torch.from_dlpack(a)
+    assert t.dtype == ref.dtype
+    assert torch.equal(t, ref)
+    assert t.data_ptr() == a.data_ptr
+
+
+@needs_jax
+@pytest.mark.parametrize("dtype", [d for d in NUMPY_DTYPES if d not in ("uint16",)] + ["uint16"])
+def test_jax_reads_every_numpy_dtype(dtype):
+    ref = sample((2, 5), dtype)
+    a = cb.asarray(ref)
+    j = jnp.from_dlpack(a)
+    np.testing.assert_array_equal(np.asarray(j), ref)
+
+
+@needs_jax
+def test_jax_reads_bfloat16():
+    a = cb.asarray([1.5, -2.0, 3.25], dtype="bfloat16")
+    j = jnp.from_dlpack(a)
+    assert j.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(j.astype(jnp.float32)), [1.5, -2.0, 3.25])
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda x: x.T,
+        lambda x: x[1:, ::2],
+        lambda x: x[::-1],
+        lambda x: x[:, ::-2],
+        lambda x: np.broadcast_to(x[:1], (3, 4)),
+        lambda x: x[1:2, 2:3].reshape(()),
+        lambda x: x[:0],
+    ],
+    ids=["transposed", "sliced", "negative", "negative2", "broadcast", "0d", "empty"],
+)
+def test_strided_views_export_their_strides(view):
+    base = sample((3, 4), "int32")
+    v = view(base)
+    a = cb.asarray(v)
+    assert a.shape == v.shape
+    assert a.strides == tuple(s // 4 for s in v.strides)
+    n = np.from_dlpack(a)
+    np.testing.assert_array_equal(n, v)
+    if v.size:
+        assert n.ctypes.data == v.ctypes.data
+
+
+def test_export_outlives_the_array():
+    a = cb.arange(10, dtype="int64")
+    ptr = a.data_ptr
+    n = np.from_dlpack(a)
+    del a
+    gc.collect()
+    np.testing.assert_array_equal(n, np.arange(10))
+    assert n.ctypes.data == ptr
+
+
+def test_capsule_outlives_the_array_and_is_single_use():
+    a = cb.arange(4, dtype="float64")
+    cap = a.__dlpack__(max_version=(1, 0))
+    del a
+    gc.collect()
+    v = cb.from_dlpack(cap)
+    assert capsule_name(cap) == "used_dltensor_versioned"
+    np.testing.assert_array_equal(np.from_dlpack(v), np.arange(4.0))
+    with pytest.raises(ValueError, match="consumed"):
+        cb.from_dlpack(cap)
+
+
+def test_unconsumed_capsule_is_freed():
+    a = cb.zeros((1000,))
+    for _ in range(100):
+        a.__dlpack__()
+        a.__dlpack__(max_version=(1, 0))
+    gc.collect()
+
+
+def test_copy_true_makes_a_flagged_copy():
+    a = cb.arange(5, dtype="int32")
+    n = np.from_dlpack(a, copy=True)
+    assert n.ctypes.data != a.data_ptr
+    np.testing.assert_array_equal(n, np.arange(5))
+    # The versioned capsule carries IS_COPIED: cubridge's own import reports it through copy=False.
+    cap = a.__dlpack__(max_version=(1, 0), copy=True)
+    v = cb.from_dlpack(cap)
+    assert v.data_ptr != a.data_ptr
+
+
+def test_dl_device_cpu_is_zero_copy_and_other_devices_refuse_without_copy():
+    a = cb.arange(3, dtype="float32")
+    n = np.from_dlpack(a, device="cpu")
+    assert n.ctypes.data == a.data_ptr
+    with pytest.raises(BufferError):
+        a.__dlpack__(dl_device=(2, 0), copy=False)
+    with pytest.raises(BufferError):
+        a.__dlpack__(dl_device=(10, 0))  # ROCm
+
+
+def test_read_only_views_export_read_only():
+    ref = np.arange(6, dtype=np.int16)
+    ref.flags.writeable = False
+    a = cb.asarray(ref)
+    assert a.readonly
+    with pytest.raises(BufferError):
+        a.__dlpack__()  # the legacy ABI cannot carry the flag
+    n = np.from_dlpack(a)  # numpy asks for a versioned capsule
+    assert not n.flags.writeable
+    assert memoryview(a).readonly
+    with pytest.raises((BufferError, TypeError), match="read-only|not writable"):
+        # A writable buffer request is refused.
+        ctypes.c_char.from_buffer(a)
+
+
+def test_buffer_protocol_formats_and_bfloat16():
+    for dtype in NUMPY_DTYPES:
+        m = memoryview(cb.zeros((2,), dtype=dtype))
+        assert np.asarray(m).dtype == np.dtype(dtype)
+    with pytest.raises(BufferError, match="bfloat16"):
+        memoryview(cb.zeros((2,), dtype="bfloat16"))
+
+
+def test_memoryview_writes_reach_the_array():
+    a = cb.zeros((4,), dtype="int32")
+    np.asarray(a)[2] = 7
+    np.testing.assert_array_equal(a.to_numpy(), [0, 0, 7, 0])
+
+
+@needs_torch
+def test_torch_tensor_keeps_cubridge_memory_alive():
+    a = cb.arange(8, dtype="float32")
+    t = torch.from_dlpack(a)
+    del a
+    gc.collect()
+    assert torch.equal(t, torch.arange(8, dtype=torch.float32))
+
+
+@needs_jax
+def test_jax_array_from_cubridge_survives_deletion():
+    a = cb.arange(8, dtype="int32")
+    j = jnp.from_dlpack(a)
+    del a
+    gc.collect()
+    assert jax.device_get(j).tolist() == list(range(8))

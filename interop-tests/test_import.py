@@ -1,0 +1,219 @@
+"""Importing into cubridge: numpy, torch and jax over DLPack, raw capsules, and buffer-protocol
+objects. Zero copy is checked with pointers, lifetime by deleting the producer first."""
+
+import array
+import gc
+
+import numpy as np
+import pytest
+from conftest import (
+    ALL_DTYPES,
+    NUMPY_DTYPES,
+    jnp,
+    needs_jax,
+    needs_torch,
+    sample,
+    torch,
+    torch_sample,
+)
+
+import cubridge as cb
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_numpy_in_zero_copy(dtype):
+    ref = sample((2, 3), dtype)
+    a = cb.from_dlpack(ref)
+    assert a.dtype == dtype
+    assert a.shape == (2, 3)
+    assert a.data_ptr == ref.ctypes.data
+    np.testing.assert_array_equal(a.to_numpy(), ref)
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_torch_in_zero_copy(dtype):
+    t = torch_sample((4, 2), dtype)
+    a = cb.from_dlpack(t)
+    assert a.dtype == dtype
+    assert a.data_ptr == t.data_ptr()
+    assert torch.equal(torch.from_dlpack(a), t)
+
+
+@needs_jax
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool", "complex64", "bfloat16"])
+def test_jax_in(dtype):
+    j = jnp.arange(6).astype(dtype).reshape(2, 3)
+    a = cb.from_dlpack(j)
+    assert a.dtype == dtype
+    got = cb.add(a, cb.zeros((2, 3), dtype=dtype))
+    if dtype == "bfloat16":
+        assert torch is None or torch.equal(
+            torch.from_dlpack(got).float(), torch.tensor(np.asarray(j.astype("float32")))
+        )
+    else:
+        np.testing.assert_array_equal(np.from_dlpack(got), np.asarray(j))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda b: b[::-1],
+        lambda b: b.T,
+        lambda b: b[1:, 1:],
+        lambda b: b[:, ::-2],
+        lambda b: b[2],
+        lambda b: b[2:3, 3:4].reshape(()),
+        lambda b: b[:0],
+    ],
+    ids=["neg", "transposed", "offset", "neg2", "row", "0d", "empty"],
+)
+def test_numpy_strides_and_offsets(make):
+    base = sample((4, 5), "float64")
+    v = make(base)
+    a = cb.asarray(v)
+    assert a.shape == v.shape
+    np.testing.assert_array_equal(a.to_numpy(), v)
+    if v.size:
+        assert a.data_ptr == v.ctypes.data
+
+
+def test_numpy_scalars_come_in_as_0d_arrays():
+    for value in (np.float64(2.5), np.int8(-3), np.complex64(1 + 2j), np.bool_(True)):
+        a = cb.asarray(value)
+        assert a.shape == () and a.dtype == value.dtype.name
+        assert a.to_numpy() == value
+
+
+def test_read_only_numpy_gives_a_read_only_view():
+    ref = np.arange(4.0)
+    ref.flags.writeable = False
+    a = cb.asarray(ref)
+    assert a.readonly
+    assert a.data_ptr == ref.ctypes.data
+    with pytest.raises(ValueError, match="read-only"):
+        cb.add(a, a, out=a)
+
+
+def test_view_keeps_the_producer_alive():
+    ref = np.arange(1000, dtype=np.int32)
+    ptr = ref.ctypes.data
+    a = cb.asarray(ref)
+    del ref
+    gc.collect()
+    assert a.data_ptr == ptr
+    np.testing.assert_array_equal(a.to_numpy(), np.arange(1000))
+
+
+@needs_torch
+def test_torch_view_keeps_the_tensor_alive():
+    t = torch.arange(100, dtype=torch.float32)
+    a = cb.from_dlpack(t)
+    del t
+    gc.collect()
+    np.testing.assert_array_equal(a.to_numpy(), np.arange(100, dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    "obj,dtype,values",
+    [
+        (bytearray(b"\x01\x02\x03"), "uint8", [1, 2, 3]),
+        (b"ab", "uint8", [97, 98]),
+        (array.array("d", [1.5, 2.5]), "float64", [1.5, 2.5]),
+        (array.array("i", [-1, 7]), "int32", [-1, 7]),
+        (array.array("q", [2**40]), "int64", [2**40]),
+    ],
+)
+def test_buffer_protocol_objects(obj, dtype, values):
+    a = cb.asarray(obj)
+    assert a.dtype == dtype
+    np.testing.assert_array_equal(a.to_numpy(), values)
+    assert a.readonly == isinstance(obj, bytes)
+
+
+def test_bytearray_view_is_writable_and_shared():
+    buf = bytearray(4)
+    a = cb.asarray(buf)
+    cb.add(a, cb.full((4,), 5, dtype="uint8"), out=a)
+    assert buf == bytearray(b"\x05\x05\x05\x05")
+
+
+def test_raw_capsules_from_numpy():
+    ref = np.arange(6, dtype=np.int16)
+    for cap in (ref.__dlpack__(), ref.__dlpack__(max_version=(1, 0))):
+        a = cb.from_dlpack(cap)
+        assert a.data_ptr == ref.ctypes.data
+        np.testing.assert_array_equal(a.to_numpy(), ref)
+
+
+class LegacyProducer:
+    """A producer whose __dlpack__ predates max_version, like older libraries."""
+
+    def __init__(self, arr):
+        self.arr = arr
+        self.calls = []
+
+    def __dlpack__(self, stream=None):
+        self.calls.append(stream)
+        return self.arr.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_producer_without_max_version_falls_back_to_legacy():
+    ref = np.arange(3, dtype=np.float32)
+    p = LegacyProducer(ref)
+    a = cb.from_dlpack(p)
+    assert a.data_ptr == ref.ctypes.data
+    assert p.calls  # asked the legacy way after the versioned request failed
+
+
+def test_asarray_sequences_scalars_and_dtypes():
+    assert cb.asarray([[1, 2], [3, 4]]).dtype == "int64"
+    assert cb.asarray([1.5, 2]).dtype == "float32"
+    assert cb.asarray(True).shape == ()
+    assert cb.asarray([1j]).dtype == "complex64"
+    assert cb.asarray([]).shape == (0,)
+    np.testing.assert_array_equal(
+        cb.asarray([[1, 2], [3, 4]], dtype="float64").to_numpy(), [[1.0, 2.0], [3.0, 4.0]]
+    )
+    with pytest.raises(ValueError, match="inconsistent"):
+        cb.asarray([[1, 2], [3]])
+    with pytest.raises(TypeError):
+        cb.asarray([1, "x"])
+    with pytest.raises(TypeError):
+        cb.asarray(object())
+
+
+def test_asarray_copy_rules():
+    ref = np.arange(4, dtype=np.int32)
+    assert cb.asarray(ref).data_ptr == ref.ctypes.data
+    c = cb.asarray(ref, copy=True)
+    assert c.data_ptr != ref.ctypes.data
+    np.testing.assert_array_equal(c.to_numpy(), ref)
+    cast = cb.asarray(ref, dtype="float64")
+    assert cast.dtype == "float64"
+    np.testing.assert_array_equal(cast.to_numpy(), ref.astype(np.float64))
+    with pytest.raises(ValueError, match="copy=False"):
+        cb.asarray(ref, dtype="float64", copy=False)
+    with pytest.raises(ValueError, match="copy=False"):
+        cb.asarray([1, 2], copy=False)
+    with pytest.raises(cb.CudaUnavailableError) if not cb.cuda.is_available() else _noop():
+        cb.asarray(ref, device="cuda")
+
+
+class _noop:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_from_dlpack_device_argument():
+    ref = np.arange(3.0)
+    a = cb.from_dlpack(ref, device="cpu")
+    assert a.data_ptr == ref.ctypes.data
+    with pytest.raises(ValueError, match="unknown device"):
+        cb.from_dlpack(ref, device="tpu")
