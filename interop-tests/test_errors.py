@@ -1,0 +1,74 @@
+"""Errors are typed and clear: the exception classes, CUDA on a machine without it, bad
+arguments, capsule misuse."""
+
+import numpy as np
+import pytest
+
+import cubridge as cb
+
+
+def test_exception_hierarchy():
+    for exc in (cb.CudaError, cb.CompileError, cb.CudaUnavailableError):
+        assert issubclass(exc, RuntimeError)
+
+
+@pytest.mark.skipif(cb.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_requests_without_cuda_raise_cuda_unavailable():
+    assert cb.cuda.device_count() == 0
+    for device in ("cuda", "cuda:0", "cuda_host", "cuda_managed"):
+        with pytest.raises(cb.CudaUnavailableError, match="CUDA is not available"):
+            cb.zeros((2,), device=device)
+    with pytest.raises(cb.CudaUnavailableError):
+        cb.arange(3).to_device("cuda:0")
+    # The CPU path keeps working after the refusals.
+    np.testing.assert_array_equal(cb.add(np.ones(2), np.ones(2)).to_numpy(), [2.0, 2.0])
+
+
+def test_bad_creation_arguments():
+    with pytest.raises(ValueError, match="negative"):
+        cb.zeros((2, -1))
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        cb.zeros((2,), dtype="float8")
+    with pytest.raises(ValueError, match="unknown device"):
+        cb.zeros((2,), device="gpu")
+    with pytest.raises(TypeError):
+        cb.zeros("abc")
+    with pytest.raises(TypeError):
+        cb.full((2,), 1.5, dtype="int32")
+    with pytest.raises(ValueError):
+        cb.arange(0, 1, 0)
+    with pytest.raises(MemoryError):
+        cb.empty((1 << 62,), dtype="int8")
+
+
+def test_dtype_and_device_objects():
+    assert cb.float32 == "float32" and str(cb.float32) == "float32"
+    assert cb.dtype(np.float16) == cb.float16
+    assert cb.dtype(np.dtype("int8")) == "int8"
+    assert hash(cb.int64) == hash("int64")
+    assert {cb.bool: 1}["bool"] == 1
+    d = cb.zeros(1).device
+    assert d == "cpu" and str(d) == "cpu" and d.type == "cpu" and d.index is None
+    assert cb.Device("cuda:3").index == 3
+    assert repr(cb.zeros((2, 3))) == "cubridge.Array(shape=(2, 3), dtype=float32, device=cpu)"
+
+
+def test_array_attributes():
+    a = cb.zeros((2, 3), dtype="float64")
+    assert (a.shape, a.strides, a.ndim, a.size, a.nbytes) == ((2, 3), (3, 1), 2, 6, 48)
+    assert len(a) == 2
+    with pytest.raises(TypeError):
+        len(cb.zeros(()))
+    assert a.data_ptr % 64 == 0
+
+
+def test_capsule_consumed_twice_raises():
+    cap = np.arange(3).__dlpack__()
+    cb.from_dlpack(cap)
+    with pytest.raises(ValueError, match="consumed"):
+        cb.from_dlpack(cap)
+
+
+def test_to_numpy_bfloat16_explains():
+    with pytest.raises(TypeError, match="bfloat16"):
+        cb.zeros(2, dtype="bfloat16").to_numpy()
