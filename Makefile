@@ -1,0 +1,52 @@
+# One short command per habit. Everything installs into ./.venv, created on first use.
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+export VIRTUAL_ENV := $(VENV)
+
+.PHONY: demo test test-rust test-python build lint format bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.build-deps: requirements/build.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -r requirements/build.txt
+	touch $@
+
+$(VENV)/.test-deps: requirements/test.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -r requirements/test.txt
+	touch $@
+
+## build: compile the extension (release) into .venv
+build: $(VENV)/.build-deps
+	$(BIN)/maturin develop --release -q
+
+## demo: build, then run examples/demo.py (CUDA when present, else the CPU)
+demo: build
+	$(BIN)/python examples/demo.py
+
+## test: every test: Rust unit tests, then the interop suite (CUDA cases skip without a GPU)
+test: test-rust test-python
+
+test-rust:
+	cargo test --quiet
+
+test-python: build $(VENV)/.test-deps
+	$(BIN)/python -m pytest interop-tests -q
+
+## lint: formatting and lints that must pass before a commit
+lint: $(VENV)/.build-deps
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --features python -- -D warnings
+
+format:
+	cargo fmt --all
+
+## bench: the CPU add benchmark (GPU benchmarks: see README)
+bench: build
+	$(BIN)/python benches/cpu_add.py
+
+clean:
+	rm -rf $(VENV) target
