@@ -21,7 +21,11 @@ def test_stub_names_match_the_module():
             names.add(node.name)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-    runtime = {n for n in dir(_cubridge) if not n.startswith("_") or n == "__version__"}
+    runtime = {
+        n
+        for n in dir(_cubridge)
+        if not n.startswith("__") or n == "__version__"
+    }
     assert names == runtime
 
 
@@ -31,4 +35,6 @@ def test_stub_class_members_exist():
             cls = getattr(_cubridge, node.name)
             for member in node.body:
                 if isinstance(member, ast.FunctionDef) and member.name != "__init__":
-                    assert hasattr(cls, member.name), f"{node.name}.{member.name}"
+                    # Properties that only exist for some arrays (device memory) are class
+                    # attributes all the same.
+                    assert member.name in dir(cls), f"{node.name}.{member.name}"

@@ -2,6 +2,7 @@
 //! cubridge allocated or a foreign tensor it borrows (a *view*, whose producer the buffer keeps
 //! alive). Both are the same type so every operation accepts either.
 
+use crate::cuda::memory::{DeviceAlloc, ManagedAlloc, PinnedAlloc};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -17,6 +18,8 @@ pub struct Array {
     dtype: DType,
     device: Device,
     readonly: bool,
+    /// The CUDA stream (DLPack numbering: 1 legacy default) that holds the array's pending work.
+    stream: usize,
 }
 
 impl std::fmt::Debug for Array {
@@ -47,11 +50,14 @@ impl Array {
         let bytes = checked_numel(shape)?
             .checked_mul(dtype.itemsize())
             .ok_or_else(|| Error::invalid(format!("shape {shape:?} is too large")))?;
+        if device != Device::Cpu {
+            crate::cuda::require(device)?;
+        }
         let storage = match device {
             Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
-            Device::Cuda(_) | Device::CudaHost | Device::CudaManaged => {
-                return Err(crate::cuda::unavailable(device))
-            }
+            Device::Cuda(n) => Storage::Cuda(DeviceAlloc::new(bytes, n, zeroed)?),
+            Device::CudaHost => Storage::CudaHost(PinnedAlloc::new(bytes, zeroed)?),
+            Device::CudaManaged => Storage::CudaManaged(ManagedAlloc::new(bytes, zeroed)?),
         };
         Ok(Array {
             buffer: Arc::new(Buffer::owned(storage)),
@@ -59,6 +65,7 @@ impl Array {
             dtype,
             device,
             readonly: false,
+            stream: crate::cuda::stream::LEGACY,
         })
     }
 
@@ -82,6 +89,20 @@ impl Array {
             dtype,
             device,
             readonly,
+            stream: crate::cuda::stream::LEGACY,
+        }
+    }
+
+    /// The CUDA stream that holds this array's pending work (DLPack numbering).
+    pub fn stream(&self) -> usize {
+        self.stream
+    }
+
+    /// The same array, recorded as pending on `stream`.
+    pub fn with_stream(&self, stream: usize) -> Array {
+        Array {
+            stream,
+            ..self.clone()
         }
     }
 

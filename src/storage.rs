@@ -72,6 +72,12 @@ impl Drop for HostAlloc {
 pub enum Storage {
     /// Ordinary host memory.
     Host(HostAlloc),
+    /// CUDA device memory.
+    Cuda(crate::cuda::memory::DeviceAlloc),
+    /// Pinned host memory.
+    CudaHost(crate::cuda::memory::PinnedAlloc),
+    /// Managed memory.
+    CudaManaged(crate::cuda::memory::ManagedAlloc),
 }
 
 /// What keeps a buffer's memory valid.
@@ -100,6 +106,9 @@ impl Buffer {
     pub fn owned(storage: Storage) -> Buffer {
         let ptr = match &storage {
             Storage::Host(alloc) => alloc.as_ptr(),
+            Storage::Cuda(alloc) => alloc.as_ptr(),
+            Storage::CudaHost(alloc) => alloc.as_ptr(),
+            Storage::CudaManaged(alloc) => alloc.as_ptr(),
         };
         Buffer {
             ptr,

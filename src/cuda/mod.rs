@@ -1,9 +1,17 @@
-//! CUDA backend: driver discovery. The driver is loaded at run time, so cubridge imports and its
-//! CPU path works on machines without one; everything CUDA then reports
-//! [`Error::CudaUnavailable`].
+//! CUDA backend: driver discovery, primary contexts, memory, stream ordering, NVRTC and the one
+//! kernel launch site. The driver is loaded at run time, so cubridge imports and its CPU path
+//! works on machines without one; everything CUDA then reports [`Error::CudaUnavailable`].
+
+pub mod context;
+pub mod kernels;
+pub mod launch;
+pub mod memory;
+pub mod nvrtc;
+pub mod stream;
 
 use crate::device::Device;
-use crate::error::Error;
+use crate::error::{Error, Result};
+use cudarc::driver::DriverError;
 use std::sync::OnceLock;
 
 /// Why CUDA is not usable here, or `None` when it is. Probed once per process.
@@ -16,12 +24,18 @@ fn probe() -> &'static Option<String> {
             return Some("no CUDA driver library (libcuda) was found".into());
         }
         if let Err(e) = cudarc::driver::result::init() {
-            return Some(format!("the CUDA driver failed to initialise ({e:?})"));
+            return Some(format!(
+                "the CUDA driver failed to initialise ({})",
+                name(&e)
+            ));
         }
         match cudarc::driver::result::device::get_count() {
             Ok(n) if n > 0 => None,
             Ok(_) => Some("the CUDA driver reports no devices".into()),
-            Err(e) => Some(format!("the CUDA driver could not count devices ({e:?})")),
+            Err(e) => Some(format!(
+                "the CUDA driver could not count devices ({})",
+                name(&e)
+            )),
         }
     })
 }
@@ -39,18 +53,56 @@ pub fn device_count() -> usize {
     cudarc::driver::result::device::get_count().map_or(0, |n| n.max(0) as usize)
 }
 
-/// The calling thread's current CUDA device (what `"cuda"` names).
-pub fn current_device() -> crate::error::Result<Device> {
+/// Fails with [`Error::CudaUnavailable`] unless CUDA is usable, and checks `device`'s ordinal.
+pub fn require(device: Device) -> Result<()> {
     if !is_available() {
-        return Err(unavailable(Device::Cuda(0)));
+        return Err(unavailable(device));
     }
-    Ok(Device::Cuda(0))
+    if let Device::Cuda(n) = device {
+        let count = device_count();
+        if n as usize >= count {
+            return Err(Error::invalid(format!(
+                "cuda:{n} does not exist: this machine has {count} CUDA device(s)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The calling thread's current CUDA device (what `"cuda"` names): the device of the context
+/// current on this thread, else device 0.
+pub fn current_device() -> Result<Device> {
+    require(Device::Cuda(0))?;
+    let ordinal = context::current_ordinal()?.unwrap_or(0);
+    Ok(Device::Cuda(ordinal))
 }
 
 /// The error for a request that needs CUDA on `device`.
 pub fn unavailable(device: Device) -> Error {
-    let why = probe()
-        .clone()
-        .unwrap_or_else(|| "this build of cubridge has no CUDA memory support yet".into());
+    let why = probe().clone().unwrap_or_else(|| "it is not usable".into());
     Error::CudaUnavailable(format!("{device} was requested but {why}"))
+}
+
+/// The driver's name for an error code (`CUDA_ERROR_...`).
+pub fn name(e: &DriverError) -> String {
+    e.error_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("CUDA error {}", e.0 as u32))
+}
+
+/// Converts a driver result, naming what cubridge was doing.
+pub fn check<T>(r: std::result::Result<T, DriverError>, context: &str) -> Result<T> {
+    r.map_err(|e| {
+        if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            Error::OutOfMemory {
+                bytes: 0,
+                device: context.to_string(),
+            }
+        } else {
+            Error::Cuda {
+                name: name(&e),
+                context: context.to_string(),
+            }
+        }
+    })
 }

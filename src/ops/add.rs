@@ -3,15 +3,21 @@
 
 use crate::array::Array;
 use crate::cpu::{self, SendPtr};
+use crate::cuda::{kernels, launch, stream as cuda_stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{shape_str, Error, Result};
 use crate::layout::{broadcast_shapes, coalesce};
+use std::ffi::c_void;
 
 /// `a + b` with numpy broadcasting and Array API promotion, written into `out` when given (which
 /// must have the broadcast shape and the promoted dtype, and may be `a` or `b` itself) or into a
 /// new array on the inputs' device. Returns the array written.
-pub fn add(a: &Array, b: &Array, out: Option<&Array>) -> Result<Array> {
+///
+/// On CUDA the kernel runs on `stream` (DLPack numbering; the legacy default stream when
+/// `None`), after the pending work of every operand's recorded stream, and the result records
+/// that stream.
+pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> Result<Array> {
     let dtype = DType::promote(a.dtype(), b.dtype(), "add")?;
     let shape = broadcast_shapes(a.shape(), b.shape())?;
     let device = common_device(a, b, out)?;
@@ -26,8 +32,9 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>) -> Result<Array> {
         return Ok(out);
     }
     let (a_b, b_b) = (a.broadcast_to(&shape)?, b.broadcast_to(&shape)?);
-    if !device.is_host_accessible() {
-        return Err(crate::cuda::unavailable(device));
+    if let Device::Cuda(n) = device {
+        let stream = stream.unwrap_or(cuda_stream::LEGACY);
+        return add_cuda(n, stream, [a_b, b_b], out.with_stream(stream));
     }
     let plan = coalesce(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
     // SAFETY: all three arrays are host-accessible and their layouts were validated against
@@ -42,6 +49,50 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>) -> Result<Array> {
             &plan,
         )?
     };
+    Ok(out)
+}
+
+fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Result<Array> {
+    let [a, b] = inputs;
+    for operand in [&a, &b, &out] {
+        cuda_stream::order(stream, operand.stream(), ordinal)?;
+    }
+    let shape = out.shape().to_vec();
+    let plan = coalesce(&shape, [out.strides(), a.strides(), b.strides()]);
+    let contiguous = plan.shape.len() == 1 && plan.strides.iter().all(|s| s[0] == 1);
+    let (f_contiguous, f_strided) = kernels::add(ordinal, a.dtype(), b.dtype(), out.dtype())?;
+    let n = out.numel();
+    let mut geometry = kernels::Geometry::from_plan(&plan)?;
+    let (mut o, mut pa, mut pb, mut len) = (out.data_ptr(), a.data_ptr(), b.data_ptr(), n as i64);
+    let mut params: Vec<*mut c_void> = vec![
+        (&mut o as *mut *mut u8).cast(),
+        (&mut pa as *mut *mut u8).cast(),
+        (&mut pb as *mut *mut u8).cast(),
+        (&mut len as *mut i64).cast(),
+    ];
+    if !contiguous {
+        params.push((&mut geometry as *mut kernels::Geometry).cast());
+    }
+    crate::cuda::context::bind(ordinal)?;
+    // SAFETY: the parameters match cb_add_contiguous(R*, const A*, const B*, long long) and
+    // cb_add_strided(..., Geometry) for the dtypes the kernels were built for; every pointer
+    // addresses its operand's validated layout on this device, `out` is writable and overlaps an
+    // input only exactly (checked); the arrays' buffers outlive the kernel because the result
+    // (holding out's buffer) records this stream and all three buffers are kept alive until the kernel
+    // has run (keep_alive_until_done below).
+    unsafe {
+        launch::launch(
+            if contiguous { f_contiguous } else { f_strided },
+            kernels::grid(ordinal, n)?,
+            cuda_stream::handle(stream),
+            &mut params,
+        )?
+    };
+    cuda_stream::keep_alive_until_done(
+        stream,
+        ordinal,
+        vec![a.buffer().clone(), b.buffer().clone(), out.buffer().clone()],
+    )?;
     Ok(out)
 }
 
@@ -134,7 +185,7 @@ mod tests {
         let a = arange(0.0, 6.0, 1.0, DType::Int8, Device::Cpu).unwrap();
         let a = unsafe_reshape(&a, &[2, 3]);
         let b = full(&[3], Scalar::Int(100), DType::Int32, Device::Cpu).unwrap();
-        let r = add(&a, &b, None).unwrap();
+        let r = add(&a, &b, None, None).unwrap();
         assert_eq!(r.dtype(), DType::Int32);
         assert_eq!(r.shape(), &[2, 3]);
         let want: Vec<Scalar> = (100..106).map(Scalar::Int).collect();
@@ -145,7 +196,7 @@ mod tests {
     fn in_place_is_allowed_and_partial_overlap_is_not() {
         let a = arange(0.0, 4.0, 1.0, DType::Float32, Device::Cpu).unwrap();
         let one = full(&[], Scalar::Float(1.0), DType::Float32, Device::Cpu).unwrap();
-        add(&a, &one, Some(&a)).unwrap();
+        add(&a, &one, Some(&a), None).unwrap();
         assert_eq!(
             values(&a),
             (1..5).map(|v| Scalar::Float(v as f64)).collect::<Vec<_>>()
@@ -174,23 +225,29 @@ mod tests {
                 false,
             )
         };
-        assert!(add(&head, &one, Some(&view)).is_err());
+        assert!(add(&head, &one, Some(&view), None).is_err());
     }
 
     #[test]
     fn errors_name_what_is_wrong() {
         let f = Array::zeros(&[3], DType::Float32, Device::Cpu).unwrap();
         let i = Array::zeros(&[3], DType::Int32, Device::Cpu).unwrap();
-        let e = add(&f, &i, None).unwrap_err().to_string();
+        let e = add(&f, &i, None, None).unwrap_err().to_string();
         assert!(e.contains("float32") && e.contains("int32"), "{e}");
         let g = Array::zeros(&[4], DType::Float32, Device::Cpu).unwrap();
-        assert!(matches!(add(&f, &g, None), Err(Error::Broadcast { .. })));
-        assert!(add(&f, &f, Some(&g))
+        assert!(matches!(
+            add(&f, &g, None, None),
+            Err(Error::Broadcast { .. })
+        ));
+        assert!(add(&f, &f, Some(&g), None)
             .unwrap_err()
             .to_string()
             .contains("shape"));
         let ro = f.with_readonly(true);
-        assert!(matches!(add(&f, &f, Some(&ro)), Err(Error::ReadOnly(_))));
+        assert!(matches!(
+            add(&f, &f, Some(&ro), None),
+            Err(Error::ReadOnly(_))
+        ));
     }
 
     fn unsafe_reshape(a: &Array, shape: &[usize]) -> Array {

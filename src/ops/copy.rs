@@ -1,22 +1,82 @@
-//! Copies and casts into a new C-contiguous array.
+//! Copies and casts into a new C-contiguous array, between any devices.
 
 use crate::array::Array;
 use crate::cpu::{copy::copy_cast, SendPtr};
+use crate::cuda::{self, kernels, launch, memory, stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::coalesce;
+use std::ffi::c_void;
 
 /// A new C-contiguous array on `device` holding `src`'s values converted to `dtype` (numpy's
-/// unsafe-cast rules; see [`crate::cpu::element::Element::from_scalar`]).
+/// unsafe-cast rules; see [`crate::cpu::element::Element::from_scalar`]). Pending work on `src`'s
+/// stream is waited for; the copy is complete on return.
 pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
-    if !src.device().is_host_accessible() || !device.is_host_accessible() {
-        return Err(crate::cuda::unavailable(device));
+    let host_src = src.device().is_host_accessible();
+    if host_src && device.is_host_accessible() {
+        if src.device() != Device::Cpu {
+            // Pinned or managed memory may still be written by a kernel.
+            stream::synchronize(src.stream(), 0)?;
+        }
+        return host_copy(src, dtype, device);
     }
+    if host_src {
+        // Host to device: stage a contiguous host array of the target dtype, then one copy.
+        let staged = if src.layout().is_contiguous() && src.dtype() == dtype {
+            src.clone()
+        } else {
+            host_copy(src, dtype, Device::Cpu)?
+        };
+        let dst = Array::empty(src.shape(), dtype, device)?;
+        let Device::Cuda(n) = device else {
+            unreachable!("device is not host-accessible")
+        };
+        // SAFETY: both are contiguous with the same byte size; dst is a fresh allocation.
+        unsafe {
+            memory::copy_sync(
+                dst.data_ptr(),
+                staged.data_ptr(),
+                dst.nbytes(),
+                n,
+                stream::handle(dst.stream()),
+            )?
+        };
+        return Ok(dst);
+    }
+    // From device memory: make it contiguous on its device first.
+    let Device::Cuda(n) = src.device() else {
+        unreachable!("src is not host-accessible")
+    };
+    let contiguous = if src.layout().is_contiguous() {
+        src.clone()
+    } else {
+        gather(src)?
+    };
+    if dtype == src.dtype() {
+        let dst = Array::empty(src.shape(), dtype, device)?;
+        // SAFETY: same shape and dtype, both contiguous; dst is fresh.
+        unsafe {
+            memory::copy_sync(
+                dst.data_ptr(),
+                contiguous.data_ptr(),
+                dst.nbytes(),
+                n,
+                stream::handle(contiguous.stream()),
+            )?
+        };
+        return Ok(dst);
+    }
+    // A cast of device data goes through the host.
+    let host = copy(&contiguous, contiguous.dtype(), Device::Cpu)?;
+    copy(&host, dtype, device)
+}
+
+fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     let dst = Array::empty(src.shape(), dtype, device)?;
     let plan = coalesce(src.shape(), [dst.strides(), src.strides()]);
-    // SAFETY: `dst` is a fresh allocation of src's shape and `dtype`; `src` is a validated
-    // host-accessible array whose layout stays inside its buffer; the two cannot overlap.
+    // SAFETY: `dst` is a fresh host-accessible allocation of src's shape and `dtype`; `src` is a
+    // validated host-accessible array whose layout stays inside its buffer; they cannot overlap.
     unsafe {
         copy_cast(
             src.dtype(),
@@ -25,6 +85,41 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
             SendPtr(src.data_ptr()),
             &plan,
         )
+    };
+    Ok(dst)
+}
+
+/// A contiguous copy of a strided device array on the same device, queued on its stream.
+fn gather(src: &Array) -> Result<Array> {
+    let Device::Cuda(n) = src.device() else {
+        unreachable!("gather takes device arrays")
+    };
+    let dst = Array::empty(src.shape(), src.dtype(), src.device())?.with_stream(src.stream());
+    let count = src.numel();
+    if count == 0 {
+        return Ok(dst);
+    }
+    let plan = coalesce(src.shape(), [dst.strides(), src.strides()]);
+    let mut geometry = kernels::Geometry::from_plan(&plan)?;
+    let function = kernels::gather(n, src.dtype())?;
+    let (mut o, mut s, mut len) = (dst.data_ptr(), src.data_ptr(), count as i64);
+    let mut params: [*mut c_void; 4] = [
+        (&mut o as *mut *mut u8).cast(),
+        (&mut s as *mut *mut u8).cast(),
+        (&mut len as *mut i64).cast(),
+        (&mut geometry as *mut kernels::Geometry).cast(),
+    ];
+    cuda::context::bind(n)?;
+    // SAFETY: cb_gather(T* o, const T* s, long long n, Geometry g) matches the params; `o` holds
+    // `count` elements, `s`'s layout stays in its buffer; both live until the copy completes
+    // (the caller synchronizes the stream before dropping them).
+    unsafe {
+        launch::launch(
+            function,
+            kernels::grid(n, count)?,
+            stream::handle(src.stream()),
+            &mut params,
+        )?
     };
     Ok(dst)
 }

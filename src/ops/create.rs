@@ -11,8 +11,12 @@ use crate::error::{Error, Result};
 /// An array of `shape` with every element `value` converted to `dtype`.
 pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: Device) -> Result<Array> {
     check_value_kind(value, dtype)?;
+    if !device.is_host_accessible() {
+        let host = full(shape, value, dtype, Device::Cpu)?;
+        return super::copy(&host, dtype, device);
+    }
     let out = Array::empty(shape, dtype, device)?;
-    // SAFETY: `out` is a fresh contiguous host allocation of `numel` elements of `dtype`.
+    // SAFETY: `out` is a fresh contiguous host-accessible allocation of `numel` elements.
     unsafe { fill(dtype, out.data_ptr(), out.numel(), value) };
     Ok(out)
 }
@@ -31,6 +35,10 @@ pub fn arange(start: f64, stop: f64, step: f64, dtype: DType, device: Device) ->
         )));
     }
     let n = count as usize;
+    if !device.is_host_accessible() {
+        let host = arange(start, stop, step, dtype, Device::Cpu)?;
+        return super::copy(&host, dtype, device);
+    }
     let out = Array::empty(&[n], dtype, device)?;
     let size = dtype.itemsize();
     for i in 0..n {

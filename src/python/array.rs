@@ -4,11 +4,13 @@
 use super::buffer;
 use super::types::{PyDType, PyDevice};
 use crate::array::Array;
+use crate::cuda::stream as cs;
+use crate::device::Device;
 use crate::error::{shape_str, Error};
 use crate::export::{to_managed, zero_copy_flags};
 use crate::ops;
 use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
-use dlpark::python::{export_dlpack, DlpackExporter, ExportAbi, ExportRequest};
+use dlpark::python::{export_dlpack, CudaStreamRequest, DlpackExporter, ExportAbi, ExportRequest};
 use dlpark::{DlpackFlags, Managed};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -41,9 +43,19 @@ impl DlpackExporter for Exporter<'_> {
         zero_copy_flags(self.0)
     }
 
-    fn prepare_export(&self, _py: Python<'_>, _request: &ExportRequest<'_>) -> PyResult<()> {
-        // Host memory has no pending device work to order.
-        Ok(())
+    fn prepare_export(&self, _py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
+        let Device::Cuda(n) = self.0.device() else {
+            // Host memory has no pending device work to order.
+            return Ok(());
+        };
+        let consumer = match request.cuda_stream()? {
+            CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => cs::LEGACY,
+            CudaStreamRequest::PerThreadDefault => cs::PER_THREAD,
+            CudaStreamRequest::Pointer(p) => p,
+            CudaStreamRequest::NoSync => return Ok(()),
+        };
+        // The consumer's stream waits for our pending work; the host never blocks.
+        Ok(cs::order(consumer, self.0.stream(), n)?)
     }
 
     fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
@@ -125,6 +137,21 @@ impl PyArray {
         )
     }
 
+    /// The CUDA array interface (version 3) of a device array; AttributeError for host memory.
+    #[getter]
+    fn __cuda_array_interface__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        super::cai::export(py, &self.inner)
+    }
+
+    /// The stream holding the array's pending CUDA work (1 is the legacy default stream).
+    #[getter]
+    fn stream(&self) -> usize {
+        self.inner.stream()
+    }
+
     fn __dlpack_device__(&self) -> (u32, i32) {
         self.inner.device().to_dlpack().into()
     }
@@ -141,7 +168,7 @@ impl PyArray {
         let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
         let own = self.inner.device();
         let target = match request.device() {
-            Some(d) => crate::device::Device::from_dlpack(d).map_err(|e| {
+            Some(d) => Device::from_dlpack(d).map_err(|e| {
                 PyBufferError::new_err(format!("cannot export to the requested device: {e}"))
             })?,
             None => own,
@@ -186,7 +213,7 @@ impl PyArray {
         let source = if array.device().is_host_accessible() {
             slf.clone().into_any()
         } else {
-            let host = py.detach(|| ops::copy(array, array.dtype(), crate::Device::Cpu))?;
+            let host = py.detach(|| ops::copy(array, array.dtype(), Device::Cpu))?;
             Bound::new(py, PyArray::new(host))?.into_any()
         };
         let numpy = py.import("numpy")?;

@@ -4,9 +4,12 @@ use super::array::PyArray;
 use super::import::{default_dtype, finish, from_sequence, import, python_scalar};
 use super::types::{parse_device, parse_dtype};
 use crate::array::Array;
+use crate::cuda::stream::LEGACY;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::ops;
+use dlpark::ffi::DLDeviceType;
+use dlpark::python::consumer::exchange::ExchangeApi;
 use pyo3::prelude::*;
 
 fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
@@ -119,7 +122,7 @@ pub fn from_dlpack(
         .filter(|d| !d.is_none())
         .map(|d| parse_device(Some(d)))
         .transpose()?;
-    let imported = import(x)?;
+    let imported = import(x, LEGACY)?;
     Ok(PyArray::new(finish(py, imported, None, device, copy)?))
 }
 
@@ -148,19 +151,39 @@ pub fn asarray(
         }
         return Ok(PyArray::new(array));
     }
-    let imported = import(obj)?;
+    let imported = import(obj, LEGACY)?;
     Ok(PyArray::new(finish(py, imported, dtype, device, copy)?))
 }
 
 /// An operand of `add`: an array (zero-copy), or a Python scalar that takes the other operand's
 /// dtype where its kind allows (the Array API's rule).
-fn operand(obj: &Bound<'_, PyAny>, other: Option<&Array>) -> PyResult<Array> {
+fn operand(obj: &Bound<'_, PyAny>, other: Option<&Array>, consumer: usize) -> PyResult<Array> {
     if let Some(value) = python_scalar(obj)? {
         let dtype = other.map_or(default_dtype(value), |o| o.dtype());
         let device = other.map_or(crate::Device::Cpu, |o| o.device());
         return Ok(ops::full(&[], value, dtype, device)?);
     }
-    Ok(import(obj)?.array)
+    Ok(import(obj, consumer)?.array)
+}
+
+/// The current work stream of the first CUDA operand whose framework publishes one through the
+/// DLPack C exchange table (PyTorch's current stream), in DLPack numbering.
+fn producer_work_stream(objects: &[&Bound<'_, PyAny>]) -> Option<usize> {
+    for obj in objects {
+        if obj.cast::<PyArray>().is_ok() || python_scalar(obj).ok().flatten().is_some() {
+            continue;
+        }
+        let Ok(Some(api)) = ExchangeApi::from_object(obj.as_borrowed()) else {
+            continue;
+        };
+        let found = api.with_tensor_view_no_sync(obj.as_borrowed(), |t, stream| {
+            (t.device.device_type == DLDeviceType::CUDA).then_some(stream as usize)
+        });
+        if let Ok(Some(stream)) = found {
+            return Some(if stream == 0 { LEGACY } else { stream });
+        }
+    }
+    None
 }
 
 /// `a + b` into a new array or into `out`; see the README for the rules.
@@ -173,26 +196,32 @@ pub fn add(
     out: Option<&Bound<'_, PyAny>>,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    if stream.is_some_and(|s| !s.is_none()) {
+    let explicit = super::stream::parse(stream)?;
+    let out = out.filter(|o| !o.is_none());
+    let mut objects = vec![a, b];
+    objects.extend(out);
+    let kernel_stream = explicit
+        .or_else(|| producer_work_stream(&objects))
+        .unwrap_or(LEGACY);
+    let (x, y) = match (python_scalar(a)?.is_some(), python_scalar(b)?.is_some()) {
+        (true, false) => {
+            let y = operand(b, None, kernel_stream)?;
+            (operand(a, Some(&y), kernel_stream)?, y)
+        }
+        _ => {
+            let x = operand(a, None, kernel_stream)?;
+            let y = operand(b, Some(&x), kernel_stream)?;
+            (x, y)
+        }
+    };
+    if explicit.is_some() && x.device().is_host_accessible() && y.device().is_host_accessible() {
         return Err(
             Error::invalid("stream= orders CUDA work; these arrays are in host memory").into(),
         );
     }
-    let out = out.filter(|o| !o.is_none());
-    let (x, y) = match (python_scalar(a)?.is_some(), python_scalar(b)?.is_some()) {
-        (true, false) => {
-            let y = operand(b, None)?;
-            (operand(a, Some(&y))?, y)
-        }
-        _ => {
-            let x = operand(a, None)?;
-            let y = operand(b, Some(&x))?;
-            (x, y)
-        }
-    };
     let out_array = match out {
         Some(o) => {
-            let imported = import(o)?;
+            let imported = import(o, kernel_stream)?;
             if imported.copied {
                 return Err(Error::invalid(
                     "out's producer exported a copy, so writes would not reach it",
@@ -203,7 +232,7 @@ pub fn add(
         }
         None => None,
     };
-    let result = py.detach(|| ops::add(&x, &y, out_array.as_ref()))?;
+    let result = py.detach(|| ops::add(&x, &y, out_array.as_ref(), Some(kernel_stream)))?;
     match out {
         Some(o) if o.cast::<PyArray>().is_ok() => Ok(o.clone().unbind()),
         _ => Ok(Bound::new(py, PyArray::new(result))?.into_any().unbind()),
@@ -235,4 +264,34 @@ pub fn cuda_is_available() -> bool {
 #[pyfunction]
 pub fn cuda_device_count() -> usize {
     crate::cuda::device_count()
+}
+
+/// Blocks until all work on `device` (default: the current device) is done.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn cuda_synchronize(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let device = match device.filter(|d| !d.is_none()) {
+        None => crate::cuda::current_device()?,
+        Some(d) => parse_device(Some(d))?,
+    };
+    let crate::Device::Cuda(n) = device else {
+        return Err(Error::invalid(format!("{device} is not a CUDA device")).into());
+    };
+    crate::cuda::require(device)?;
+    Ok(py.detach(|| crate::cuda::context::synchronize(n))?)
+}
+
+/// Adds folders to search for NVRTC (the package passes the pip `nvidia` library folders).
+#[pyfunction]
+pub fn _add_nvrtc_search_dirs(dirs: Vec<std::path::PathBuf>) {
+    crate::cuda::nvrtc::add_search_dirs(dirs);
+}
+
+/// Free and total bytes of device memory on `device`.
+#[pyfunction]
+pub fn cuda_mem_info(device: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+    match parse_device(Some(device))? {
+        crate::Device::Cuda(n) => Ok(crate::cuda::memory::mem_info(n)?),
+        other => Err(Error::invalid(format!("{other} is not a CUDA device")).into()),
+    }
 }

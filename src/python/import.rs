@@ -4,6 +4,7 @@
 
 use super::array::PyArray;
 use super::buffer;
+use super::stream::Consumer;
 use crate::array::Array;
 use crate::cpu::copy::fill;
 use crate::cpu::element::Scalar;
@@ -12,7 +13,8 @@ use crate::dtype::{DType, Kind};
 use crate::error::Error;
 use crate::ops;
 use crate::view::from_managed;
-use dlpark::python::{from_dlpack as dlpark_import, ImportedDlpack};
+use dlpark::ffi::DLDeviceType;
+use dlpark::python::{from_dlpack as dlpark_import, DlpackStream, ImportRequest, ImportedDlpack};
 use dlpark::DlpackFlags;
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
@@ -32,9 +34,11 @@ fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
     obj.cast::<pyo3::types::PyCapsule>().is_ok()
 }
 
-/// Imports `obj` without copying: a cubridge array as is, a DLPack producer or capsule, or a
-/// buffer-protocol object. Errors with TypeError for anything else.
-pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
+/// Imports `obj` without copying: a cubridge array as is, a DLPack producer or capsule, a CUDA
+/// array interface, or a buffer-protocol object. CUDA producers order their pending work before
+/// `consumer` (a DLPack-numbered stream), and the view records that stream. Errors with
+/// TypeError for anything else.
+pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
     if let Ok(a) = obj.cast::<PyArray>() {
         return Ok(Imported {
             array: a.get().inner.clone(),
@@ -42,7 +46,7 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
         });
     }
     if is_capsule(obj) || has_attr(obj, "__dlpack__") {
-        match import_dlpack(obj) {
+        match import_dlpack(obj, consumer) {
             Ok(imported) => return Ok(imported),
             // A producer that can describe its memory only through the buffer protocol (for
             // example a read-only numpy array under the legacy ABI) refuses DLPack with
@@ -59,6 +63,12 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
             Err(e) => return Err(e),
         }
     }
+    if let Some(array) = super::cai::import(obj, consumer)? {
+        return Ok(Imported {
+            array,
+            copied: false,
+        });
+    }
     if let Some(array) = buffer::import(obj)? {
         return Ok(Imported {
             array,
@@ -66,19 +76,50 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
         });
     }
     Err(PyTypeError::new_err(format!(
-        "cubridge cannot read a {}: it needs __dlpack__, a DLPack capsule or the buffer protocol",
+        "cubridge cannot read a {}: it needs __dlpack__, a DLPack capsule, \
+         __cuda_array_interface__ or the buffer protocol",
         obj.get_type().name()?
     )))
 }
 
-/// DLPack import: a versioned capsule is asked for first; a producer whose `__dlpack__` predates
-/// `max_version` (it raises TypeError) is asked again the legacy way.
-fn import_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
+/// DLPack import: a versioned capsule is asked for first, with `consumer` as the stream for
+/// CUDA producers (or, through the C exchange table, an event wait on the producer's work
+/// stream); a producer whose `__dlpack__` predates `max_version` (it raises TypeError) is asked
+/// again the legacy way.
+fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
     let py = obj.py();
-    let imported = match dlpark_import(obj.as_borrowed(), None, None) {
+    let consumer_stream = Consumer(consumer);
+    let attempt = || -> PyResult<ImportedDlpack> {
+        if is_capsule(obj) {
+            return dlpark_import(obj.as_borrowed(), None, None);
+        }
+        let request = ImportRequest::new(obj.as_borrowed())?;
+        let on_cuda = request
+            .device()
+            .is_ok_and(|d| d.device_type == DLDeviceType::CUDA);
+        let stream: Option<&dyn DlpackStream> = if on_cuda {
+            Some(&consumer_stream)
+        } else {
+            None
+        };
+        request.import(stream, None)
+    };
+    let imported = match attempt() {
         Ok(imported) => imported,
         Err(e) if e.is_instance_of::<PyTypeError>(py) && !is_capsule(obj) => {
-            let capsule = obj.call_method0("__dlpack__").map_err(|_| e)?;
+            let on_cuda = obj
+                .call_method0("__dlpack_device__")
+                .and_then(|d| d.extract::<(u32, i32)>())
+                .is_ok_and(|(t, _)| t == DLDeviceType::CUDA.0);
+            let capsule = if on_cuda {
+                // cubridge numbers streams as DLPack does, so the number is the argument.
+                let kwargs = pyo3::types::PyDict::new(py);
+                kwargs.set_item("stream", consumer)?;
+                obj.call_method("__dlpack__", (), Some(&kwargs))
+            } else {
+                obj.call_method0("__dlpack__")
+            }
+            .map_err(|_| e)?;
             dlpark_import(capsule.as_borrowed(), None, None)?
         }
         Err(e) => return Err(e),
@@ -87,6 +128,11 @@ fn import_dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
     let array = match imported {
         ImportedDlpack::Legacy(m) => from_managed(m)?,
         ImportedDlpack::Versioned(m) => from_managed(m)?,
+    };
+    let array = if matches!(array.device(), Device::Cuda(_)) {
+        array.with_stream(consumer)
+    } else {
+        array
     };
     Ok(Imported { array, copied })
 }

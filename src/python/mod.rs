@@ -3,9 +3,11 @@
 
 mod array;
 mod buffer;
+mod cai;
 mod errors;
 mod functions;
 mod import;
+mod stream;
 mod types;
 
 use pyo3::prelude::*;
@@ -26,6 +28,10 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::add, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_is_available, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_mem_info, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::_add_nvrtc_search_dirs, m)?)?;
+    m.add_class::<stream::PyStream>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,75 @@
+//! Primary contexts: cubridge uses each device's primary context, the one PyTorch, CuPy and the
+//! CUDA runtime share, so it pays no second context start and pointers mean the same thing.
+
+use super::check;
+use crate::error::Result;
+use cudarc::driver::{result, sys};
+use std::sync::Mutex;
+
+/// Retained primary contexts by ordinal. Retained once and kept for the life of the process:
+/// releasing them at exit would race other libraries' teardown.
+static CONTEXTS: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+
+/// The primary context of `ordinal`, retained on first use.
+pub fn primary(ordinal: u32) -> Result<sys::CUcontext> {
+    let mut table = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let i = ordinal as usize;
+    if table.len() <= i {
+        table.resize(i + 1, None);
+    }
+    if let Some(ctx) = table[i] {
+        return Ok(ctx as sys::CUcontext);
+    }
+    let dev = check(result::device::get(ordinal as i32), "looking up the device")?;
+    // SAFETY: `dev` is a valid device handle; the retained context is never released.
+    let ctx = check(
+        unsafe { result::primary_ctx::retain(dev) },
+        "retaining the primary context",
+    )?;
+    table[i] = Some(ctx as usize);
+    Ok(ctx)
+}
+
+/// Makes `ordinal`'s primary context current on this thread (cheap when it already is).
+pub fn bind(ordinal: u32) -> Result<()> {
+    let ctx = primary(ordinal)?;
+    if let Ok(Some(current)) = result::ctx::get_current() {
+        if current == ctx {
+            return Ok(());
+        }
+    }
+    // SAFETY: `ctx` is a retained, live primary context.
+    check(
+        unsafe { result::ctx::set_current(ctx) },
+        "binding the primary context",
+    )
+}
+
+/// The ordinal of the context current on this thread, if any.
+pub fn current_ordinal() -> Result<Option<u32>> {
+    let Some(ctx) = check(result::ctx::get_current(), "querying the current context")? else {
+        return Ok(None);
+    };
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: `ctx` is the current context, so cuCtxGetDevice reads it; `dev` is writable.
+    let r = unsafe { sys::cuCtxGetDevice(&mut dev) };
+    check(r.result(), "querying the current device")?;
+    let _ = ctx;
+    Ok(Some(dev as u32))
+}
+
+/// A device attribute (compute capability, SM count, ...).
+pub fn attribute(ordinal: u32, attr: sys::CUdevice_attribute) -> Result<i32> {
+    let dev = check(result::device::get(ordinal as i32), "looking up the device")?;
+    // SAFETY: valid device handle and attribute enum.
+    check(
+        unsafe { result::device::get_attribute(dev, attr) },
+        "reading a device attribute",
+    )
+}
+
+/// Blocks until all work in `ordinal`'s primary context is done.
+pub fn synchronize(ordinal: u32) -> Result<()> {
+    bind(ordinal)?;
+    check(result::ctx::synchronize(), "synchronizing the device")
+}

@@ -1,0 +1,164 @@
+//! NVRTC: finding the library (a CUDA toolkit, or the pip packages that PyTorch and CuPy wheels
+//! install), compiling CUDA C++ to PTX, and caching PTX on disk so a new process does not run
+//! NVRTC again. The disk cache lives in `$CUBRIDGE_CACHE_DIR`, else
+//! `$XDG_CACHE_HOME/cubridge`, else `~/.cache/cubridge`.
+
+use crate::error::{Error, Result};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+/// Extra directories to look in for libnvrtc (the Python package adds the `nvidia` pip
+/// packages' library folders).
+static SEARCH_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Adds directories to search for libnvrtc before the system's defaults.
+pub fn add_search_dirs(dirs: impl IntoIterator<Item = PathBuf>) {
+    let mut list = SEARCH_DIRS.lock().unwrap_or_else(|p| p.into_inner());
+    for d in dirs {
+        if !list.contains(&d) {
+            list.push(d);
+        }
+    }
+}
+
+fn toolkit_dirs(sub: &str) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(root) = std::env::var_os(var) {
+            dirs.push(PathBuf::from(root).join(sub));
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda").join(sub));
+    dirs
+}
+
+fn candidate_dirs() -> Vec<PathBuf> {
+    let mut dirs = SEARCH_DIRS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    dirs.extend(toolkit_dirs("lib64"));
+    dirs
+}
+
+/// Loads NVRTC once per process, or explains where it looked.
+fn ensure_loaded() -> Result<()> {
+    static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            // SAFETY: only tries to open the library by its usual names.
+            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                return Ok(());
+            }
+            let dirs = candidate_dirs();
+            for dir in &dirs {
+                let Ok(entries) = std::fs::read_dir(dir) else {
+                    continue;
+                };
+                let mut libs: Vec<PathBuf> = entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("libnvrtc") && n.contains(".so"))
+                    })
+                    .collect();
+                // The builtins library first: NVRTC opens it by name while compiling.
+                libs.sort_by_key(|p| !p.to_string_lossy().contains("builtins"));
+                for lib in libs {
+                    // SAFETY: loading NVRTC runs its initialisers, which have no preconditions.
+                    // The handle is leaked on purpose: NVRTC stays loaded for the process, and
+                    // later opens by soname find this copy.
+                    if let Ok(handle) = unsafe { libloading::Library::new(&lib) } {
+                        std::mem::forget(handle);
+                    }
+                }
+                // SAFETY: as above.
+                if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                    return Ok(());
+                }
+            }
+            Err(format!(
+                "NVRTC (libnvrtc) was not found. cubridge looked on the library search path \
+                 (libnvrtc.so, .so.13, .so.12, ...) and in: {}. Install a CUDA toolkit or the \
+                 nvidia-cuda-nvrtc pip package, or set CUDA_HOME.",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+        .clone()
+        .map_err(|log| Error::Compile {
+            kernel: "(loading NVRTC)".into(),
+            log,
+        })
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("CUBRIDGE_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("cubridge"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("cubridge"))
+}
+
+/// PTX for `source` on compute capability `arch` (e.g. 90), from the disk cache when present.
+/// `name` names the program in errors.
+pub fn compile(source: &str, name: &str, arch: u32) -> Result<String> {
+    let mut hasher = DefaultHasher::new();
+    (env!("CARGO_PKG_VERSION"), source, arch).hash(&mut hasher);
+    let key = format!("{:016x}.ptx", hasher.finish());
+    let cached = cache_dir().map(|d| d.join(&key));
+    if let Some(path) = &cached {
+        if let Ok(ptx) = std::fs::read_to_string(path) {
+            return Ok(ptx);
+        }
+    }
+    ensure_loaded()?;
+    let arch_flag: &'static str = Box::leak(format!("compute_{arch}").into_boxed_str());
+    let mut include_paths: Vec<String> = toolkit_dirs("include")
+        .into_iter()
+        .chain(
+            SEARCH_DIRS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter_map(|d| d.parent().map(|p| p.join("include"))),
+        )
+        .filter(|d| d.is_dir())
+        .map(|d| d.display().to_string())
+        .collect();
+    include_paths.dedup();
+    let options = CompileOptions {
+        arch: Some(arch_flag),
+        include_paths,
+        options: vec!["--std=c++17".into()],
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(source, options).map_err(|e| Error::Compile {
+        kernel: name.to_string(),
+        log: match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => format!("{other:?}"),
+        },
+    })?;
+    let text = ptx.to_src();
+    if let Some(path) = cached {
+        // Best effort, atomically: a temporary file renamed into place.
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+            let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
+            if std::fs::write(&tmp, &text).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+    }
+    Ok(text)
+}

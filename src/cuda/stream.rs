@@ -1,0 +1,137 @@
+//! Streams, as the DLPack protocol numbers them: 1 is the legacy default stream, 2 the
+//! per-thread default stream, any other value a `CUstream` handle. (The driver accepts 1 and 2 as
+//! `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.) Ordering two streams never blocks the host:
+//! an event recorded on the producer is waited on by the consumer.
+
+use super::{check, context};
+use crate::error::{Error, Result};
+use cudarc::driver::{result, sys};
+
+/// The legacy default stream.
+pub const LEGACY: usize = 1;
+/// The per-thread default stream.
+pub const PER_THREAD: usize = 2;
+
+/// The driver handle for a DLPack-numbered stream.
+pub fn handle(stream: usize) -> sys::CUstream {
+    stream as sys::CUstream
+}
+
+/// Validates a user-given stream number: 0 is ambiguous in DLPack and refused.
+pub fn from_user(value: i128) -> Result<usize> {
+    match value {
+        0 => Err(Error::invalid(
+            "stream 0 is ambiguous; use 1 for the legacy default stream or 2 for the \
+             per-thread default stream",
+        )),
+        v if v < 0 || v > usize::MAX as i128 => {
+            Err(Error::invalid(format!("{v} is not a CUDA stream")))
+        }
+        v => Ok(v as usize),
+    }
+}
+
+/// Makes `consumer` wait for the work queued so far on `producer` (both on device `ordinal`),
+/// without blocking the host. Nothing to do when they are the same stream.
+pub fn order(consumer: usize, producer: usize, ordinal: u32) -> Result<()> {
+    if consumer == producer {
+        return Ok(());
+    }
+    context::bind(ordinal)?;
+    let event = check(
+        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+        "creating an event",
+    )?;
+    // SAFETY: `event` is fresh; the streams are live handles of the current context (the
+    // caller's contract as a DLPack/CAI participant). Destroying an event with a pending wait is
+    // allowed: the wait still completes.
+    let r = unsafe {
+        result::event::record(event, handle(producer)).and_then(|_| {
+            result::stream::wait_event(
+                handle(consumer),
+                event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        })
+    };
+    // SAFETY: the event is ours and destroyed once.
+    let _ = unsafe { result::event::destroy(event) };
+    check(r, "ordering one stream after another")
+}
+
+/// Blocks the host until `stream`'s queued work is done.
+pub fn synchronize(stream: usize, ordinal: u32) -> Result<()> {
+    context::bind(ordinal)?;
+    // SAFETY: a live stream handle of the current context.
+    check(
+        unsafe { result::stream::synchronize(handle(stream)) },
+        "synchronizing a stream",
+    )
+}
+
+/// A new non-blocking stream on `ordinal`, owned by the caller (see [`destroy`]).
+pub fn create(ordinal: u32) -> Result<usize> {
+    context::bind(ordinal)?;
+    let s = check(
+        result::stream::create(result::stream::StreamKind::NonBlocking),
+        "creating a stream",
+    )?;
+    Ok(s as usize)
+}
+
+/// Destroys a stream made by [`create`].
+pub fn destroy(stream: usize, ordinal: u32) {
+    if context::bind(ordinal).is_ok() {
+        // SAFETY: a stream from `create`, destroyed once; queued work still completes.
+        let _ = unsafe { result::stream::destroy(handle(stream)) };
+    }
+}
+
+/// Buffers that queued kernels still use, each released once the event recorded after its
+/// kernel has completed.
+struct Pending {
+    event: usize,
+    _buffers: Vec<std::sync::Arc<crate::storage::Buffer>>,
+}
+
+static PENDING: std::sync::Mutex<Vec<Pending>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps `buffers` alive until the work queued so far on `stream` has run, so that memory a
+/// producer frees when its last reference goes (a torch tensor's caching allocator, say) is not
+/// handed out again while a kernel still reads or writes it. Completed entries are released on
+/// later calls; nothing blocks.
+pub fn keep_alive_until_done(
+    stream: usize,
+    ordinal: u32,
+    buffers: Vec<std::sync::Arc<crate::storage::Buffer>>,
+) -> Result<()> {
+    context::bind(ordinal)?;
+    let event = check(
+        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+        "creating an event",
+    )?;
+    // SAFETY: a fresh event and a live stream of the current context.
+    if let Err(e) = unsafe { result::event::record(event, handle(stream)) } {
+        // SAFETY: destroyed once.
+        let _ = unsafe { result::event::destroy(event) };
+        return check(Err(e), "recording an event");
+    }
+    let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    // Take out what has finished; its buffers are dropped after the lock is released, since a
+    // producer's deleter may take its own locks.
+    let (finished, running): (Vec<Pending>, Vec<Pending>) = pending.drain(..).partition(|p| {
+        // SAFETY: events in the list are live until destroyed below, once.
+        unsafe { result::event::query(p.event as sys::CUevent) }.is_ok()
+    });
+    *pending = running;
+    pending.push(Pending {
+        event: event as usize,
+        _buffers: buffers,
+    });
+    drop(pending);
+    for p in finished {
+        // SAFETY: the event completed and is destroyed once.
+        let _ = unsafe { result::event::destroy(p.event as sys::CUevent) };
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! The CUDA array interface (`__cuda_array_interface__`, versions 2 and 3): exporting device
+//! arrays to CuPy, Numba and PyTorch, and importing theirs without copying.
+
+use crate::array::Array;
+use crate::cuda::{memory, stream as cs};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::view::{from_descriptor, Descriptor};
+use pyo3::exceptions::{PyAttributeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+/// The interface dict of a device array: v3, with the stream holding its pending work.
+pub fn export<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyDict>> {
+    let Device::Cuda(_) = array.device() else {
+        return Err(PyAttributeError::new_err(format!(
+            "__cuda_array_interface__ describes CUDA device memory; this array is on {}",
+            array.device()
+        )));
+    };
+    let typestr = array.dtype().typestr().ok_or_else(|| {
+        PyAttributeError::new_err(format!(
+            "the CUDA array interface has no typestr for {}; use DLPack",
+            array.dtype()
+        ))
+    })?;
+    let d = PyDict::new(py);
+    d.set_item("shape", PyTuple::new(py, array.shape())?)?;
+    d.set_item("typestr", typestr)?;
+    let ptr = if array.numel() == 0 {
+        0
+    } else {
+        array.data_ptr() as usize
+    };
+    d.set_item("data", (ptr, array.readonly()))?;
+    if array.layout().is_contiguous() {
+        d.set_item("strides", py.None())?;
+    } else {
+        let item = array.dtype().itemsize() as isize;
+        let bytes: Vec<isize> = array.strides().iter().map(|s| s * item).collect();
+        d.set_item("strides", PyTuple::new(py, bytes)?)?;
+    }
+    d.set_item("version", 3)?;
+    d.set_item("stream", array.stream())?;
+    Ok(d)
+}
+
+fn get<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(d.get_item(key)?.filter(|v| !v.is_none()))
+}
+
+fn bad(msg: impl Into<String>) -> PyErr {
+    Error::invalid(format!("__cuda_array_interface__: {}", msg.into())).into()
+}
+
+/// A view of an object's CUDA array interface, ordered before `consumer`, or `None` when the
+/// object has none.
+pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Option<Array>> {
+    let py = obj.py();
+    let cai = match obj.getattr("__cuda_array_interface__") {
+        Ok(c) => c,
+        Err(e) if e.is_instance_of::<PyAttributeError>(py) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let d = cai
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err("__cuda_array_interface__ must be a dict"))?;
+    let version: i64 = get(d, "version")?
+        .ok_or_else(|| bad("missing 'version'"))?
+        .extract()
+        .map_err(|_| bad("'version' must be an int"))?;
+    if !(0..=3).contains(&version) {
+        return Err(bad(format!(
+            "version {version} is not supported (0 to 3 are)"
+        )));
+    }
+    let shape: Vec<i64> = get(d, "shape")?
+        .ok_or_else(|| bad("missing 'shape'"))?
+        .extract()
+        .map_err(|_| bad("'shape' must be a tuple of ints"))?;
+    let typestr: String = get(d, "typestr")?
+        .ok_or_else(|| bad("missing 'typestr'"))?
+        .extract()
+        .map_err(|_| bad("'typestr' must be a str"))?;
+    let dtype = DType::from_typestr(&typestr)?;
+    let (ptr, readonly): (usize, bool) = get(d, "data")?
+        .ok_or_else(|| bad("missing 'data'"))?
+        .extract()
+        .map_err(|_| bad("'data' must be a (pointer, read-only) tuple"))?;
+    if get(d, "mask")?.is_some() {
+        return Err(bad("masked arrays are not supported"));
+    }
+    let itemsize = dtype.itemsize() as i64;
+    let strides: Option<Vec<i64>> = match get(d, "strides")? {
+        None => None,
+        Some(s) => {
+            let bytes: Vec<i64> = s
+                .extract()
+                .map_err(|_| bad("'strides' must be a tuple of ints"))?;
+            if let Some(b) = bytes.iter().find(|&&b| b % itemsize != 0) {
+                return Err(bad(format!(
+                    "stride {b} is not a multiple of the item size {itemsize}"
+                )));
+            }
+            Some(bytes.iter().map(|b| b / itemsize).collect())
+        }
+    };
+    let producer_stream = match get(d, "stream")? {
+        None => None,
+        Some(s) => {
+            let v: i128 = s
+                .extract()
+                .map_err(|_| bad("'stream' must be an int or None"))?;
+            if v == 0 {
+                return Err(bad("stream 0 is disallowed by version 3 of the interface"));
+            }
+            Some(cs::from_user(v)?)
+        }
+    };
+    let device = if ptr != 0 {
+        memory::pointer_device(ptr)?
+    } else {
+        crate::cuda::current_device()?
+    };
+    let Device::Cuda(ordinal) = device else {
+        unreachable!("pointer_device gives CUDA devices")
+    };
+    if let Some(p) = producer_stream {
+        cs::order(consumer, p, ordinal)?;
+    }
+    let descriptor = Descriptor {
+        data: ptr,
+        byte_offset: 0,
+        shape: &shape,
+        strides: strides.as_deref(),
+        dtype,
+        device,
+        readonly,
+        len_bytes: None,
+    };
+    let keepalive: Py<PyAny> = obj.clone().unbind();
+    // SAFETY: the interface's contract: the memory stays valid while the exporting object lives,
+    // and the view holds a strong reference to it.
+    let view = unsafe { from_descriptor(&descriptor, Box::new(keepalive))? };
+    Ok(Some(view.with_stream(consumer)))
+}

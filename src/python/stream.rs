@@ -1,0 +1,156 @@
+//! CUDA streams at the Python boundary: reading `stream=` arguments (ints, `torch.cuda.Stream`,
+//! `cupy.cuda.Stream`, `__cuda_stream__` objects, `cubridge.cuda.Stream`) and handing cubridge's
+//! consumer stream to DLPack producers.
+
+use crate::cuda::stream::{self as cs, LEGACY, PER_THREAD};
+use crate::error::Error;
+use dlpark::ffi::{DLDevice, DLDeviceType};
+use dlpark::python::consumer::stream as dlstream;
+use dlpark::python::{DlpackStream, StreamArg};
+use pyo3::prelude::*;
+use std::ffi::c_void;
+
+/// A stream handle as a stream object reports it: 0 (the NULL stream) is the legacy default.
+fn object_handle(value: i128) -> PyResult<usize> {
+    if value == 0 {
+        return Ok(LEGACY);
+    }
+    Ok(cs::from_user(value)?)
+}
+
+/// Reads a `stream=` argument into DLPack numbering; `None` when absent.
+pub fn parse(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(v) = obj.extract::<i128>() {
+        return Ok(Some(cs::from_user(v)?));
+    }
+    if let Ok(proto) = obj.getattr("__cuda_stream__") {
+        let value = if proto.is_callable() {
+            proto.call0()?
+        } else {
+            proto
+        };
+        // The protocol returns (version, handle).
+        let handle: i128 = match value.extract::<(i64, i128)>() {
+            Ok((_, h)) => h,
+            Err(_) => value.extract()?,
+        };
+        return Ok(Some(object_handle(handle)?));
+    }
+    for attr in ["cuda_stream", "ptr"] {
+        if let Ok(h) = obj.getattr(attr).and_then(|h| h.extract::<i128>()) {
+            return Ok(Some(object_handle(h)?));
+        }
+    }
+    Err(Error::invalid(format!(
+        "stream must be an int, a torch.cuda.Stream, a cupy.cuda.Stream or an object with \
+         __cuda_stream__, not {}",
+        obj.get_type().name()?
+    ))
+    .into())
+}
+
+/// cubridge's stream as a DLPack consumer: producers order their pending work before it.
+pub struct Consumer(pub usize);
+
+// SAFETY: as_python_arg encodes a live stream of the device the producer names, and
+// wait_for_producer orders the consumer after the producer's stream before returning true.
+unsafe impl DlpackStream for Consumer {
+    fn as_python_arg(&self, _py: Python<'_>, device: DLDevice) -> PyResult<StreamArg> {
+        if device.device_type != DLDeviceType::CUDA {
+            return Ok(dlstream::none());
+        }
+        let raw = match self.0 {
+            LEGACY => std::ptr::null_mut(),
+            PER_THREAD => PER_THREAD as *mut c_void,
+            s => s as *mut c_void,
+        };
+        Ok(dlstream::cuda(raw))
+    }
+
+    unsafe fn wait_for_producer(&self, device: DLDevice, producer: *mut c_void) -> PyResult<bool> {
+        if device.device_type != DLDeviceType::CUDA {
+            return Ok(true);
+        }
+        let producer = if producer.is_null() {
+            LEGACY
+        } else {
+            producer as usize
+        };
+        cs::order(self.0, producer, device.device_id as u32)?;
+        Ok(true)
+    }
+}
+
+/// A CUDA stream owned by cubridge (`cubridge.cuda.Stream`).
+#[pyclass(name = "Stream", module = "cubridge.cuda", frozen)]
+pub struct PyStream {
+    handle: usize,
+    ordinal: u32,
+}
+
+#[pymethods]
+impl PyStream {
+    #[new]
+    #[pyo3(signature = (device=None))]
+    fn new(device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let ordinal = match device.filter(|d| !d.is_none()) {
+            None => match crate::cuda::current_device()? {
+                crate::Device::Cuda(n) => n,
+                _ => 0,
+            },
+            Some(d) => match super::types::parse_device(Some(d))? {
+                crate::Device::Cuda(n) => n,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "streams live on CUDA devices, not {other}"
+                    ))
+                    .into())
+                }
+            },
+        };
+        crate::cuda::require(crate::Device::Cuda(ordinal))?;
+        Ok(PyStream {
+            handle: cs::create(ordinal)?,
+            ordinal,
+        })
+    }
+
+    /// The `CUstream` handle.
+    #[getter]
+    fn ptr(&self) -> usize {
+        self.handle
+    }
+
+    /// The device ordinal.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// Blocks until the work queued on this stream is done (without holding the GIL).
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let (h, o) = (self.handle, self.ordinal);
+        Ok(py.detach(|| cs::synchronize(h, o))?)
+    }
+
+    /// The CUDA stream protocol: `(version, handle)`.
+    fn __cuda_stream__(&self) -> (u32, usize) {
+        (0, self.handle)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "cubridge.cuda.Stream(device={}, ptr={:#x})",
+            self.ordinal, self.handle
+        )
+    }
+}
+
+impl Drop for PyStream {
+    fn drop(&mut self) {
+        cs::destroy(self.handle, self.ordinal);
+    }
+}
