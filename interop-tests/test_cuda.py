@@ -1,0 +1,417 @@
+"""CUDA: device arrays, DLPack and CAI exchange with torch, cupy and numba, stream ordering,
+lifetimes, and cubridge.add on foreign device pointers. Marked ``cuda``; skipped cleanly where no
+GPU is present. Every value is compared with numpy (host copies) or torch."""
+
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import NUMPY_DTYPES, _try_import, sample, torch
+
+import cubridge as cb
+
+cupy = _try_import("cupy")
+numba_cuda = _try_import("numba.cuda")
+
+HAS_GPU = cb.cuda.is_available() and torch is not None and torch.cuda.is_available()
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")]
+needs_cupy = pytest.mark.skipif(cupy is None, reason="cupy is not installed")
+two_gpus = pytest.mark.skipif(
+    not HAS_GPU or cb.cuda.device_count() < 2, reason="needs two GPUs"
+)
+
+# Dtypes torch holds on CUDA, by numpy name (bfloat16 handled separately).
+TORCH_CUDA = [d for d in NUMPY_DTYPES]
+
+
+def to_torch(x, device="cuda"):
+    """numpy array → torch tensor on the device (uint16/32/64 through int64)."""
+    if x.dtype.name in ("uint16", "uint32", "uint64"):
+        return torch.from_numpy(x.astype(np.int64)).to(getattr(torch, x.dtype.name)).to(device)
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+
+def to_host(t):
+    """torch tensor → numpy (uint16/32/64 through int64)."""
+    name = str(t.dtype).removeprefix("torch.")
+    if name in ("uint16", "uint32", "uint64"):
+        return t.to(torch.int64).cpu().numpy().astype(name)
+    return t.cpu().numpy()
+
+
+def spin(seconds, stream=None):
+    """Keeps the torch current stream (or `stream`) busy on the GPU for about `seconds`."""
+    cycles = int(seconds * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    if stream is None:
+        torch.cuda._sleep(cycles)
+    else:
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+
+
+def test_device_arrays_round_trip():
+    ref = sample((3, 5), "float64")
+    a = cb.asarray(ref, device="cuda")
+    assert a.device == "cuda:0"
+    np.testing.assert_array_equal(a.to_numpy(), ref)
+    np.testing.assert_array_equal(a.to_device("cpu").to_numpy(), ref)
+    np.testing.assert_array_equal(cb.zeros((4,), device="cuda:0").to_numpy(), np.zeros(4, np.float32))
+    np.testing.assert_array_equal(
+        cb.full((2, 2), 7, dtype="int32", device="cuda").to_numpy(), np.full((2, 2), 7, np.int32)
+    )
+    np.testing.assert_array_equal(
+        cb.arange(10, dtype="int64", device="cuda").to_numpy(), np.arange(10)
+    )
+    # A strided host source and a dtype change on the way in.
+    np.testing.assert_array_equal(
+        cb.asarray(ref.T[::-1], dtype="float32", device="cuda").to_numpy(),
+        ref.T[::-1].astype(np.float32),
+    )
+
+
+def test_pinned_and_managed_arrays():
+    for device, code in (("cuda_host", 3), ("cuda_managed", 13)):
+        a = cb.arange(6, dtype="int32", device=device)
+        assert a.__dlpack_device__() == (code, 0)
+        np.testing.assert_array_equal(np.asarray(a), np.arange(6))  # buffer protocol
+        assert np.asarray(a).ctypes.data == a.data_ptr
+
+
+def test_torch_and_cupy_read_cubridge_arrays_zero_copy():
+    a = cb.arange(12, dtype="float32", device="cuda")
+    t = torch.from_dlpack(a)
+    assert t.device.type == "cuda" and t.data_ptr() == a.data_ptr
+    assert torch.equal(t.cpu(), torch.arange(12, dtype=torch.float32))
+    if cupy is not None:
+        c = cupy.asarray(a)  # through __cuda_array_interface__
+        assert c.data.ptr == a.data_ptr
+        d = cupy.from_dlpack(a)
+        assert d.data.ptr == a.data_ptr
+        np.testing.assert_array_equal(cupy.asnumpy(c), np.arange(12, dtype=np.float32))
+
+
+def test_cuda_array_interface_fields():
+    a = cb.zeros((4, 3), dtype="int16", device="cuda")
+    cai = a.__cuda_array_interface__
+    assert cai["shape"] == (4, 3) and cai["typestr"] == "<i2" and cai["version"] == 3
+    assert cai["data"] == (a.data_ptr, False) and cai["strides"] is None
+    assert cai["stream"] == a.stream
+    t = cb.from_dlpack(torch.zeros(3, 4, dtype=torch.int16, device="cuda").T)
+    assert t.__cuda_array_interface__["strides"] == (2, 8)
+    with pytest.raises(AttributeError):
+        cb.zeros(2).__cuda_array_interface__
+
+
+def test_numpy_reads_device_array_through_a_host_copy():
+    a = cb.arange(5, dtype="float64", device="cuda")
+    n = np.from_dlpack(a, device="cpu")
+    np.testing.assert_array_equal(n, np.arange(5.0))
+    with pytest.raises(BufferError):
+        a.__dlpack__(dl_device=(1, 0), copy=False)
+
+
+@pytest.mark.parametrize("dtype", TORCH_CUDA)
+def test_import_from_torch_and_cupy_zero_copy(dtype):
+    ref = sample((4, 6), dtype)
+    t = to_torch(ref)
+    a = cb.from_dlpack(t)
+    assert a.data_ptr == t.data_ptr() and a.device == "cuda:0"
+    np.testing.assert_array_equal(a.to_numpy(), ref)
+    if cupy is not None:
+        c = cupy.asarray(ref)
+        b = cb.from_dlpack(c)
+        assert b.data_ptr == c.data.ptr
+        np.testing.assert_array_equal(b.to_numpy(), ref)
+        v = cb.asarray(_CaiOnly(c))  # CAI only
+        assert v.data_ptr == c.data.ptr
+        np.testing.assert_array_equal(v.to_numpy(), ref)
+
+
+class _CaiOnly:
+    """Exposes only another array's __cuda_array_interface__."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._arr.__cuda_array_interface__
+
+
+@pytest.mark.parametrize("dtype", TORCH_CUDA)
+def test_add_torch_plus_cupy_into_torch_every_dtype(dtype):
+    """The acceptance check: torch.from_dlpack(add(torch_a, cupy_b)) == a + b."""
+    x, y = sample((5, 7), dtype, 1), sample((5, 7), dtype, 2)
+    ta = to_torch(x)
+    b = cupy.asarray(y) if cupy is not None else to_torch(y)
+    r = cb.add(ta, b)
+    assert r.device == "cuda:0"
+    out = torch.from_dlpack(r)
+    assert out.data_ptr() == r.data_ptr
+    np.testing.assert_array_equal(to_host(out), x + y)
+    if cupy is not None:
+        assert cupy.asarray(r).data.ptr == r.data_ptr
+
+
+def test_add_bfloat16_torch_on_both_sides():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = (torch.randn(4096, device="cuda", generator=g) * 100).to(torch.bfloat16)
+    b = torch.randn(4096, device="cuda", generator=g).to(torch.bfloat16)
+    assert torch.equal(torch.from_dlpack(cb.add(a, b)), a + b)
+    h = (torch.randn(4096, device="cuda", generator=g) * 100).to(torch.float16)
+    assert torch.equal(torch.from_dlpack(cb.add(h, h[::-1])), h + h.flip(0))
+    assert torch.equal(torch.from_dlpack(cb.add(a, h)), a + h)  # -> float32
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: t.T,
+        lambda t: t[1:, ::2],
+        lambda t: t[:, :1].expand(-1, 6),
+        lambda t: t[2],
+        lambda t: t[:0],
+    ],
+    ids=["transposed", "sliced", "broadcast", "row", "empty"],
+)
+def test_add_strided_and_broadcast_torch(make):
+    x = torch.arange(36, dtype=torch.float32, device="cuda").reshape(6, 6)
+    y = torch.ones(6, 6, device="cuda") * 0.5
+    a, b = make(x), make(y)
+    got = torch.from_dlpack(cb.add(a, b))
+    assert torch.equal(got, a + b)
+    row = y[0, : a.shape[-1]] * 3  # broadcast a row over `a`
+    assert torch.equal(torch.from_dlpack(cb.add(a, row)), a + row)
+
+
+@needs_cupy
+def test_add_negative_strides_cupy():
+    x = cupy.arange(24, dtype=cupy.int32).reshape(4, 6)
+    a, b = x[::-1, ::-2], x[:, ::2]
+    r = cb.add(a, b)
+    np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(r)), cupy.asnumpy(a + b))
+
+
+def test_promotion_on_the_device():
+    a = torch.arange(6, dtype=torch.int8, device="cuda")
+    b = torch.arange(6, dtype=torch.int32, device="cuda")
+    r = torch.from_dlpack(cb.add(a, b))
+    assert r.dtype == torch.int32 and torch.equal(r, a.int() + b)
+    h = torch.ones(3, dtype=torch.float16, device="cuda")
+    f = torch.ones(3, dtype=torch.float32, device="cuda")
+    assert torch.from_dlpack(cb.add(h, f)).dtype == torch.float32
+    with pytest.raises(TypeError, match="int32.*float32"):
+        cb.add(b, f[:1])
+
+
+def test_foreign_out_written_in_place_and_aliasing():
+    a = torch.arange(8, dtype=torch.float32, device="cuda")
+    b = torch.full((8,), 2.0, device="cuda")
+    out = torch.empty(8, device="cuda")
+    r = cb.add(a, b, out=out)
+    assert r.data_ptr == out.data_ptr()
+    assert torch.equal(out, a + b)
+    expected = a + b
+    cb.add(a, b, out=a)  # in place
+    assert torch.equal(a, expected)
+    if cupy is not None:
+        c_out = cupy.zeros(8, dtype=cupy.float32)
+        cb.add(a, b, out=c_out)
+        np.testing.assert_array_equal(cupy.asnumpy(c_out), (expected + b).cpu().numpy())
+    cb_out = cb.empty((8,), device="cuda")
+    assert cb.add(a, b, out=cb_out) is cb_out
+
+
+def test_errors_on_the_device():
+    with pytest.raises(ValueError, match="different devices"):
+        cb.add(torch.ones(3, device="cuda"), np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="stream 0"):
+        cb.add(torch.ones(3, device="cuda"), torch.ones(3, device="cuda"), stream=0)
+    with pytest.raises(ValueError, match="does not exist"):
+        cb.zeros(2, device=f"cuda:{cb.cuda.device_count()}")
+    with pytest.raises(ValueError, match="stream 0"):
+        cb.arange(3, device="cuda").__dlpack__(stream=0)
+
+
+def test_stream_arguments():
+    a = torch.ones(1000, device="cuda")
+    s = torch.cuda.Stream()
+    for stream in (s, s.cuda_stream, cb.cuda.Stream()):
+        r = cb.add(a, a, stream=stream)
+        torch.cuda.synchronize()
+        assert torch.equal(torch.from_dlpack(r), a + a)
+    if cupy is not None:
+        r = cb.add(a, a, stream=cupy.cuda.Stream())
+        torch.cuda.synchronize()
+        assert torch.equal(torch.from_dlpack(r), a + a)
+    with pytest.raises(ValueError, match="stream must be"):
+        cb.add(a, a, stream="fast")
+
+
+N = 1 << 22
+
+
+def test_reader_on_another_stream_waits_for_a_side_stream_producer():
+    """torch writes on a side stream behind a long kernel; cubridge reads at once on its own
+    stream. Without the ordering edge the kernel would read the zeros still there."""
+    a = torch.zeros(N, device="cuda")
+    b = torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    mine = cb.cuda.Stream()
+    with torch.cuda.stream(side):
+        spin(0.2)
+        a.fill_(2.0)
+        r = cb.add(a, b, stream=mine)  # torch's current stream is `side`
+    mine.synchronize()
+    assert torch.equal(torch.from_dlpack(r), torch.full((N,), 3.0, device="cuda"))
+
+
+@needs_cupy
+def test_reader_waits_for_a_cupy_side_stream_producer():
+    busy = cupy.RawKernel(
+        r"""extern "C" __global__ void busy(long long cycles) {
+            long long t0 = clock64(); while (clock64() - t0 < cycles) {} }""",
+        "busy",
+    )
+    a = cupy.zeros(N, dtype=cupy.float32)
+    cupy.cuda.Device().synchronize()
+    side = cupy.cuda.Stream(non_blocking=True)
+    mine = cb.cuda.Stream()
+    with side:
+        busy((1,), (1,), (np.int64(300_000_000),))
+        a.fill(5.0)
+        r = cb.add(a, a, stream=mine)
+    mine.synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(r)), np.full(N, 10.0, np.float32))
+
+
+def test_default_stream_is_the_producers_current_stream():
+    a = torch.ones(N, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        spin(0.1)
+        a.mul_(4.0)
+        r = cb.add(a, a)  # stream=None: torch's current stream, through the exchange table
+        assert r.stream in (side.cuda_stream, 1)
+        t = torch.from_dlpack(r)
+        assert torch.equal(t, torch.full((N,), 8.0, device="cuda"))
+
+
+def test_pending_result_consumed_by_torch_and_cupy_at_once():
+    a = torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    mine = cb.cuda.Stream()
+    with torch.cuda.stream(torch.cuda.ExternalStream(mine.ptr)):
+        spin(0.2)  # queue a long kernel on cubridge's stream ...
+    r = cb.add(a, a, stream=mine)  # ... so the result is still pending when read below
+    assert r.stream == mine.ptr
+    t = torch.from_dlpack(r) * 1  # torch's default stream waits for `mine`
+    expected = np.full(N, 2.0, np.float32)
+    np.testing.assert_array_equal(t.cpu().numpy(), expected)
+    if cupy is not None:
+        c = cupy.asarray(r) * 1  # CAI v3 stream: cupy orders its stream after `mine`
+        np.testing.assert_array_equal(cupy.asnumpy(c), expected)
+
+
+def test_gigabyte_export_is_freed_after_both_sides_let_go():
+    torch.cuda.synchronize()
+    gc.collect()
+    free0, _ = cb.cuda.mem_info()
+    a = cb.zeros((1 << 28,), dtype="float32", device="cuda")  # 1 GiB
+    t = torch.from_dlpack(a)
+    c = cupy.asarray(a) if cupy is not None else None
+    del a
+    gc.collect()
+    held, _ = cb.cuda.mem_info()
+    assert free0 - held >= (1 << 30) - (64 << 20), "the export should still hold 1 GiB"
+    t.add_(1)
+    torch.cuda.synchronize()
+    del t, c
+    gc.collect()
+    torch.cuda.synchronize()
+    free1, _ = cb.cuda.mem_info()
+    assert abs(free1 - free0) < (64 << 20), (free0, free1)
+
+
+def test_round_trips_keep_device_memory_flat():
+    torch.cuda.synchronize()
+    gc.collect()
+    base = cb.zeros((1024,), device="cuda")
+    free0, _ = cb.cuda.mem_info()
+    for i in range(100_000):
+        t = torch.from_dlpack(base)
+        back = cb.from_dlpack(t)
+        if i % 1000 == 0:
+            fresh = cb.empty((4096,), device="cuda")
+            torch.from_dlpack(fresh)
+            del fresh
+        del t, back
+    gc.collect()
+    torch.cuda.synchronize()
+    free1, _ = cb.cuda.mem_info()
+    assert abs(free1 - free0) < (16 << 20), (free0, free1)
+
+
+def test_producer_kept_alive_by_the_view():
+    t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    v = cb.from_dlpack(t)
+    ptr = t.data_ptr()
+    del t
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert v.data_ptr == ptr
+    np.testing.assert_array_equal(v.to_numpy()[:5], np.arange(5, dtype=np.float32))
+
+
+@pytest.mark.skipif(numba_cuda is None, reason="numba is not installed")
+def test_numba_device_arrays_through_cai():
+    d = numba_cuda.to_device(np.arange(10, dtype=np.float64))
+    a = cb.asarray(d)
+    assert a.data_ptr == d.__cuda_array_interface__["data"][0]
+    r = cb.add(a, a)
+    back = numba_cuda.as_cuda_array(r)
+    np.testing.assert_array_equal(back.copy_to_host(), np.arange(10) * 2.0)
+
+
+def test_kernels_are_cached_on_disk(tmp_path):
+    code = (
+        "import cubridge as cb, torch\n"
+        "a = torch.ones(4, dtype=torch.int16, device='cuda')\n"
+        "print(torch.from_dlpack(cb.add(a, a)).tolist())\n"
+    )
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "[2, 2, 2, 2]"
+    cached = sorted(p.name for p in tmp_path.iterdir())
+    assert cached and all(n.endswith(".ptx") for n in cached)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == mtimes
+
+
+@two_gpus
+def test_second_gpu():
+    x = torch.arange(10, dtype=torch.float32, device="cuda:1")
+    r = cb.add(x, x)
+    assert r.device == "cuda:1"
+    t = torch.from_dlpack(r)
+    assert t.device == torch.device("cuda:1")
+    assert torch.equal(t, x + x)
+    if cupy is not None:
+        with cupy.cuda.Device(1):
+            c = cupy.arange(10, dtype=cupy.float32)
+        rc = cb.add(c, c)
+        assert rc.device == "cuda:1"
+        a = cb.asarray(_CaiOnly(c))
+        assert a.device == "cuda:1"
+    with pytest.raises(ValueError, match="different devices"):
+        cb.add(x, torch.ones(10, device="cuda:0"))
+    z = cb.zeros((3,), device="cuda:1")
+    assert z.__dlpack_device__() == (2, 1)
