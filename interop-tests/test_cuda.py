@@ -98,7 +98,9 @@ def test_cuda_array_interface_fields():
     cai = a.__cuda_array_interface__
     assert cai["shape"] == (4, 3) and cai["typestr"] == "<i2" and cai["version"] == 3
     assert cai["data"] == (a.data_ptr, False) and cai["strides"] is None
-    assert cai["stream"] == a.stream
+    assert cai["stream"] is None  # nothing pending on a fresh array
+    pending = cb.add(a, a)
+    assert pending.__cuda_array_interface__["stream"] == 1  # handed over via the legacy stream
     t = cb.from_dlpack(torch.zeros(3, 4, dtype=torch.int16, device="cuda").T)
     assert t.__cuda_array_interface__["strides"] == (2, 8)
     with pytest.raises(AttributeError):

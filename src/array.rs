@@ -3,6 +3,7 @@
 //! alive). Both are the same type so every operation accepts either.
 
 use crate::cuda::memory::{DeviceAlloc, ManagedAlloc, PinnedAlloc};
+use crate::cuda::stream::Event;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -18,8 +19,11 @@ pub struct Array {
     dtype: DType,
     device: Device,
     readonly: bool,
-    /// The CUDA stream (DLPack numbering: 1 legacy default) that holds the array's pending work.
+    /// The CUDA stream (DLPack numbering: 1 legacy default) the array was last written on.
     stream: usize,
+    /// An event after the last work that wrote the array, if any may still be pending. Consumers
+    /// wait on it, never on `stream`, whose owner may have destroyed it since.
+    pending: Option<Arc<Event>>,
 }
 
 impl std::fmt::Debug for Array {
@@ -66,6 +70,7 @@ impl Array {
             device,
             readonly: false,
             stream: crate::cuda::stream::LEGACY,
+            pending: None,
         })
     }
 
@@ -90,6 +95,7 @@ impl Array {
             device,
             readonly,
             stream: crate::cuda::stream::LEGACY,
+            pending: None,
         }
     }
 
@@ -98,11 +104,25 @@ impl Array {
         self.stream
     }
 
-    /// The same array, recorded as pending on `stream`.
-    pub fn with_stream(&self, stream: usize) -> Array {
+    /// The same array, recorded as written on `stream`, with an event after that work.
+    pub fn with_pending(&self, stream: usize, event: Event) -> Array {
         Array {
             stream,
+            pending: Some(Arc::new(event)),
             ..self.clone()
+        }
+    }
+
+    /// The event after the array's last write, if any.
+    pub fn pending(&self) -> Option<&Event> {
+        self.pending.as_deref()
+    }
+
+    /// Makes `consumer` (a stream of this array's device) wait for the array's pending work.
+    pub fn order_before(&self, consumer: usize) -> Result<()> {
+        match &self.pending {
+            Some(event) => event.wait(consumer),
+            None => Ok(()),
         }
     }
 

@@ -59,6 +59,74 @@ pub fn order(consumer: usize, producer: usize, ordinal: u32) -> Result<()> {
     check(r, "ordering one stream after another")
 }
 
+/// A point in a stream's work: an event recorded after the work that wrote an array. Waiting on
+/// it needs no handle to the stream it was recorded on, which its owner may destroy at any time.
+pub struct Event {
+    raw: usize,
+    ordinal: u32,
+}
+
+// SAFETY: an event handle may be used from any thread with its context bound.
+unsafe impl Send for Event {}
+// SAFETY: as above; the handle is only read.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// Records an event after the work queued so far on `stream`.
+    pub fn record(stream: usize, ordinal: u32) -> Result<Event> {
+        context::bind(ordinal)?;
+        let raw = check(
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+            "creating an event",
+        )?;
+        let event = Event {
+            raw: raw as usize,
+            ordinal,
+        };
+        // SAFETY: a fresh event; `stream` is live (the caller is using it right now).
+        check(
+            unsafe { result::event::record(raw, handle(stream)) },
+            "recording an event",
+        )?;
+        Ok(event)
+    }
+
+    /// Makes `consumer` wait for this event without blocking the host.
+    pub fn wait(&self, consumer: usize) -> Result<()> {
+        context::bind(self.ordinal)?;
+        // SAFETY: a live event of this context; `consumer` is live (the caller's).
+        check(
+            unsafe {
+                result::stream::wait_event(
+                    handle(consumer),
+                    self.raw as sys::CUevent,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            },
+            "ordering a stream after an array's pending work",
+        )
+    }
+
+    /// Blocks the host until the event has happened.
+    pub fn synchronize(&self) -> Result<()> {
+        context::bind(self.ordinal)?;
+        // SAFETY: a live event of this context.
+        check(
+            unsafe { result::event::synchronize(self.raw as sys::CUevent) },
+            "waiting for an event",
+        )
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if context::bind(self.ordinal).is_ok() {
+            // SAFETY: created by `record`, destroyed once; pending waits still complete.
+            let _ = unsafe { result::event::destroy(self.raw as sys::CUevent) };
+        }
+    }
+}
+
 /// Blocks the host until `stream`'s queued work is done.
 pub fn synchronize(stream: usize, ordinal: u32) -> Result<()> {
     context::bind(ordinal)?;

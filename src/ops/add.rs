@@ -34,7 +34,7 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
     let (a_b, b_b) = (a.broadcast_to(&shape)?, b.broadcast_to(&shape)?);
     if let Device::Cuda(n) = device {
         let stream = stream.unwrap_or(cuda_stream::LEGACY);
-        return add_cuda(n, stream, [a_b, b_b], out.with_stream(stream));
+        return add_cuda(n, stream, [a_b, b_b], out);
     }
     let plan = coalesce(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
     // SAFETY: all three arrays are host-accessible and their layouts were validated against
@@ -55,7 +55,7 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
 fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Result<Array> {
     let [a, b] = inputs;
     for operand in [&a, &b, &out] {
-        cuda_stream::order(stream, operand.stream(), ordinal)?;
+        operand.order_before(stream)?;
     }
     let shape = out.shape().to_vec();
     let plan = coalesce(&shape, [out.strides(), a.strides(), b.strides()]);
@@ -77,8 +77,7 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
     // SAFETY: the parameters match cb_add_contiguous(R*, const A*, const B*, long long) and
     // cb_add_strided(..., Geometry) for the dtypes the kernels were built for; every pointer
     // addresses its operand's validated layout on this device, `out` is writable and overlaps an
-    // input only exactly (checked); the arrays' buffers outlive the kernel because the result
-    // (holding out's buffer) records this stream and all three buffers are kept alive until the kernel
+    // input only exactly (checked); the arrays' buffers outlive the kernel because all three buffers are kept alive until the kernel
     // has run (keep_alive_until_done below).
     unsafe {
         launch::launch(
@@ -93,7 +92,7 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
         ordinal,
         vec![a.buffer().clone(), b.buffer().clone(), out.buffer().clone()],
     )?;
-    Ok(out)
+    Ok(out.with_pending(stream, cuda_stream::Event::record(stream, ordinal)?))
 }
 
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the

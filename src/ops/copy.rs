@@ -15,9 +15,9 @@ use std::ffi::c_void;
 pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     let host_src = src.device().is_host_accessible();
     if host_src && device.is_host_accessible() {
-        if src.device() != Device::Cpu {
+        if let Some(event) = src.pending() {
             // Pinned or managed memory may still be written by a kernel.
-            stream::synchronize(src.stream(), 0)?;
+            event.synchronize()?;
         }
         return host_copy(src, dtype, device);
     }
@@ -39,7 +39,7 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
                 staged.data_ptr(),
                 dst.nbytes(),
                 n,
-                stream::handle(dst.stream()),
+                stream::handle(stream::LEGACY),
             )?
         };
         return Ok(dst);
@@ -48,6 +48,8 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     let Device::Cuda(n) = src.device() else {
         unreachable!("src is not host-accessible")
     };
+    // Copies and gathers run on the legacy default stream, after the source's pending work.
+    src.order_before(stream::LEGACY)?;
     let contiguous = if src.layout().is_contiguous() {
         src.clone()
     } else {
@@ -62,7 +64,7 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
                 contiguous.data_ptr(),
                 dst.nbytes(),
                 n,
-                stream::handle(contiguous.stream()),
+                stream::handle(stream::LEGACY),
             )?
         };
         return Ok(dst);
@@ -89,12 +91,13 @@ fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     Ok(dst)
 }
 
-/// A contiguous copy of a strided device array on the same device, queued on its stream.
+/// A contiguous copy of a strided device array on the same device, queued on the legacy
+/// default stream (which the caller has ordered after the source's pending work).
 fn gather(src: &Array) -> Result<Array> {
     let Device::Cuda(n) = src.device() else {
         unreachable!("gather takes device arrays")
     };
-    let dst = Array::empty(src.shape(), src.dtype(), src.device())?.with_stream(src.stream());
+    let dst = Array::empty(src.shape(), src.dtype(), src.device())?;
     let count = src.numel();
     if count == 0 {
         return Ok(dst);
@@ -117,7 +120,7 @@ fn gather(src: &Array) -> Result<Array> {
         launch::launch(
             function,
             kernels::grid(n, count)?,
-            stream::handle(src.stream()),
+            stream::handle(stream::LEGACY),
             &mut params,
         )?
     };

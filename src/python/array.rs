@@ -44,10 +44,10 @@ impl DlpackExporter for Exporter<'_> {
     }
 
     fn prepare_export(&self, _py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
-        let Device::Cuda(n) = self.0.device() else {
+        if !matches!(self.0.device(), Device::Cuda(_)) {
             // Host memory has no pending device work to order.
             return Ok(());
-        };
+        }
         let consumer = match request.cuda_stream()? {
             CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => cs::LEGACY,
             CudaStreamRequest::PerThreadDefault => cs::PER_THREAD,
@@ -55,7 +55,7 @@ impl DlpackExporter for Exporter<'_> {
             CudaStreamRequest::NoSync => return Ok(()),
         };
         // The consumer's stream waits for our pending work; the host never blocks.
-        Ok(cs::order(consumer, self.0.stream(), n)?)
+        Ok(self.0.order_before(consumer)?)
     }
 
     fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {

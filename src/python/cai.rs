@@ -42,7 +42,14 @@ pub fn export<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyDict
         d.set_item("strides", PyTuple::new(py, bytes)?)?;
     }
     d.set_item("version", 3)?;
-    d.set_item("stream", array.stream())?;
+    // Pending work is handed over through the legacy default stream, which is made to wait for
+    // it: the stream the array was written on may since have been destroyed by its owner.
+    if array.pending().is_some() {
+        array.order_before(cs::LEGACY)?;
+        d.set_item("stream", cs::LEGACY)?;
+    } else {
+        d.set_item("stream", py.None())?;
+    }
     Ok(d)
 }
 
@@ -143,5 +150,8 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Option<Array>
     // SAFETY: the interface's contract: the memory stays valid while the exporting object lives,
     // and the view holds a strong reference to it.
     let view = unsafe { from_descriptor(&descriptor, Box::new(keepalive))? };
-    Ok(Some(view.with_stream(consumer)))
+    Ok(Some(view.with_pending(
+        consumer,
+        cs::Event::record(consumer, ordinal)?,
+    )))
 }

@@ -129,10 +129,14 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> 
         ImportedDlpack::Legacy(m) => from_managed(m)?,
         ImportedDlpack::Versioned(m) => from_managed(m)?,
     };
-    let array = if matches!(array.device(), Device::Cuda(_)) {
-        array.with_stream(consumer)
-    } else {
-        array
+    // The producer ordered its work before `consumer`; an event there lets later users of the
+    // view wait for it from any stream.
+    let array = match array.device() {
+        Device::Cuda(n) => {
+            let event = crate::cuda::stream::Event::record(consumer, n)?;
+            array.with_pending(consumer, event)
+        }
+        _ => array,
     };
     Ok(Imported { array, copied })
 }
