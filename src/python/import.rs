@@ -16,7 +16,7 @@ use crate::view::from_managed;
 use dlpark::ffi::DLDeviceType;
 use dlpark::python::{from_dlpack as dlpark_import, DlpackStream, ImportRequest, ImportedDlpack};
 use dlpark::DlpackFlags;
-use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
 
@@ -48,11 +48,23 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
     if is_capsule(obj) || has_attr(obj, "__dlpack__") {
         match import_dlpack(obj, consumer) {
             Ok(imported) => return Ok(imported),
-            // A producer that can describe its memory only through the buffer protocol (for
-            // example a read-only numpy array under the legacy ABI) refuses DLPack with
-            // BufferError; the buffer protocol then serves.
-            Err(e) if e.is_instance_of::<PyBufferError>(obj.py()) && !is_capsule(obj) => {
-                if let Some(array) = buffer::import(obj)? {
+            // A producer whose DLPack export fails or is malformed (BufferError: for example a
+            // read-only numpy array under the legacy ABI; ValueError: a descriptor cubridge
+            // rejects, such as CuPy's negative strides, which it mangles in DLPack) may describe
+            // the same memory correctly through the CUDA array interface or the buffer protocol.
+            // Those are tried; if neither serves, the DLPack error stands.
+            Err(e)
+                if !is_capsule(obj)
+                    && (e.is_instance_of::<PyBufferError>(obj.py())
+                        || e.is_instance_of::<PyValueError>(obj.py())) =>
+            {
+                if let Ok(Some(array)) = super::cai::import(obj, consumer) {
+                    return Ok(Imported {
+                        array,
+                        copied: false,
+                    });
+                }
+                if let Ok(Some(array)) = buffer::import(obj) {
                     return Ok(Imported {
                         array,
                         copied: false,
