@@ -85,6 +85,7 @@ def test_torch_and_cupy_read_cubridge_arrays_zero_copy():
     t = torch.from_dlpack(a)
     assert t.device.type == "cuda" and t.data_ptr() == a.data_ptr
     assert torch.equal(t.cpu(), torch.arange(12, dtype=torch.float32))
+    assert torch.as_tensor(_CaiOnly(a), device="cuda").data_ptr() == a.data_ptr  # torch via CAI
     if cupy is not None:
         c = cupy.asarray(a)  # through __cuda_array_interface__
         assert c.data.ptr == a.data_ptr
@@ -133,14 +134,44 @@ def test_import_from_torch_and_cupy_zero_copy(dtype):
 
 
 class _CaiOnly:
-    """Exposes only another array's __cuda_array_interface__."""
+    """Exposes only another array's __cuda_array_interface__ (optionally as version 2)."""
 
-    def __init__(self, arr):
+    def __init__(self, arr, version=None):
         self._arr = arr
+        self._version = version
 
     @property
     def __cuda_array_interface__(self):
-        return self._arr.__cuda_array_interface__
+        cai = dict(self._arr.__cuda_array_interface__)
+        if self._version == 2:
+            cai.pop("stream", None)
+            cai["version"] = 2
+        return cai
+
+
+@needs_cupy
+def test_cai_version_2_and_bad_dicts():
+    c = cupy.arange(6, dtype=cupy.float64)
+    v = cb.asarray(_CaiOnly(c, version=2))
+    assert v.data_ptr == c.data.ptr
+    np.testing.assert_array_equal(v.to_numpy(), np.arange(6.0))
+
+    class Bad:
+        def __init__(self, **changes):
+            self.cai = dict(c.__cuda_array_interface__, **changes)
+
+        @property
+        def __cuda_array_interface__(self):
+            return self.cai
+
+    for changes, match in [
+        ({"version": 4}, "version"),
+        ({"stream": 0}, "stream 0"),
+        ({"typestr": "<x9"}, "typestr"),
+        ({"mask": c}, "mask"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            cb.asarray(Bad(**changes))
 
 
 @pytest.mark.parametrize("dtype", TORCH_CUDA)

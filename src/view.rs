@@ -163,6 +163,23 @@ mod tests {
     }
 
     #[test]
+    fn byte_offset_is_honoured() {
+        let data = [0f32; 8];
+        let p = data.as_ptr() as usize;
+        let mut d = desc(p, &[2], None);
+        d.byte_offset = 8;
+        // SAFETY: `data` outlives the view; offset 8 plus 2 floats stays inside it.
+        let v = unsafe { from_descriptor(&d, Box::new(())) }.unwrap();
+        assert_eq!(v.data_ptr() as usize, p + 8);
+        d.byte_offset = 2;
+        // SAFETY: as above (rejected before use).
+        assert!(
+            unsafe { from_descriptor(&d, Box::new(())) }.is_err(),
+            "misaligned"
+        );
+    }
+
+    #[test]
     fn descriptors_are_validated() {
         let data = [0f32; 8];
         let p = data.as_ptr() as usize;
