@@ -5,6 +5,8 @@
 //! The core (dtypes, devices, layouts, arrays, views, ops, backends) is plain Rust and builds
 //! without Python; the `python` feature adds the bindings in [`python`].
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod array;
 pub mod cpu;
 pub mod cuda;

@@ -29,7 +29,7 @@ impl HostAlloc {
     pub fn new(bytes: usize, zeroed: bool) -> Result<HostAlloc> {
         if bytes == 0 {
             // An aligned, non-null address that is never dereferenced.
-            let ptr = NonNull::new(HOST_ALIGN as *mut u8).expect("non-zero constant");
+            let ptr = NonNull::<[u8; HOST_ALIGN]>::dangling().cast::<u8>();
             return Ok(HostAlloc { ptr, layout: None });
         }
         let oom = || Error::OutOfMemory {

@@ -76,7 +76,9 @@ pub unsafe fn from_descriptor(
             )));
         }
         if let Some(len) = d.len_bytes {
-            let (start, end) = layout.byte_extent(itemsize)?.expect("non-empty");
+            let (start, end) = layout
+                .byte_extent(itemsize)?
+                .ok_or_else(|| Error::invalid("empty layout in a non-empty branch"))?;
             let base = isize::try_from(first - d.data)
                 .map_err(|_| Error::invalid("byte_offset is too large"))?;
             if start + base < 0 || (end + base) as usize > len {

@@ -29,7 +29,7 @@ unsafe fn run<A, B, R>(
     B: Element + Widen<R>,
     R: AddElem,
 {
-    // SAFETY (whole body): the offsets stay within the run described by the caller's contract.
+    // SAFETY: (whole body) the offsets stay within the run described by the caller's contract.
     unsafe {
         if so == 1 && sa == 1 && sb == 1 {
             if TypeId::of::<A>() == TypeId::of::<R>() && std::ptr::addr_eq(o, a) {

@@ -65,10 +65,8 @@ impl DeviceAlloc {
         let alloc = DeviceAlloc { ptr, ordinal };
         if zeroed {
             // SAFETY: `ptr` addresses `bytes` freshly allocated bytes.
-            check(
-                unsafe { result::memset_d8_sync(ptr, 0, bytes) },
-                "zeroing device memory",
-            )?;
+            let zeroing = unsafe { result::memset_d8_sync(ptr, 0, bytes) };
+            check(zeroing, "zeroing device memory")?;
         }
         Ok(alloc)
     }
@@ -195,6 +193,7 @@ pub unsafe fn copy_sync(
 /// The device that owns `ptr`, by asking the driver (the CUDA array interface carries no
 /// device). Managed memory reports as its device of origin.
 pub fn pointer_device(ptr: usize) -> Result<Device> {
+    super::require(Device::Cuda(0))?;
     let mut ordinal: i32 = -1;
     // SAFETY: cuPointerGetAttribute writes one int for DEVICE_ORDINAL into `ordinal`.
     let r = unsafe {

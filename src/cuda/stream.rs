@@ -84,10 +84,8 @@ impl Event {
             ordinal,
         };
         // SAFETY: a fresh event; `stream` is live (the caller is using it right now).
-        check(
-            unsafe { result::event::record(raw, handle(stream)) },
-            "recording an event",
-        )?;
+        let recorded = unsafe { result::event::record(raw, handle(stream)) };
+        check(recorded, "recording an event")?;
         Ok(event)
     }
 

@@ -29,9 +29,7 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
             host_copy(src, dtype, Device::Cpu)?
         };
         let dst = Array::empty(src.shape(), dtype, device)?;
-        let Device::Cuda(n) = device else {
-            unreachable!("device is not host-accessible")
-        };
+        let n = cuda_ordinal(device)?;
         // SAFETY: both are contiguous with the same byte size; dst is a fresh allocation.
         unsafe {
             memory::copy_sync(
@@ -45,9 +43,7 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
         return Ok(dst);
     }
     // From device memory: make it contiguous on its device first.
-    let Device::Cuda(n) = src.device() else {
-        unreachable!("src is not host-accessible")
-    };
+    let n = cuda_ordinal(src.device())?;
     // Copies and gathers run on the legacy default stream, after the source's pending work.
     src.order_before(stream::LEGACY)?;
     let contiguous = if src.layout().is_contiguous() {
@@ -94,9 +90,7 @@ fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
 /// A contiguous copy of a strided device array on the same device, queued on the legacy
 /// default stream (which the caller has ordered after the source's pending work).
 fn gather(src: &Array) -> Result<Array> {
-    let Device::Cuda(n) = src.device() else {
-        unreachable!("gather takes device arrays")
-    };
+    let n = cuda_ordinal(src.device())?;
     let dst = Array::empty(src.shape(), src.dtype(), src.device())?;
     let count = src.numel();
     if count == 0 {
@@ -125,4 +119,14 @@ fn gather(src: &Array) -> Result<Array> {
         )?
     };
     Ok(dst)
+}
+
+/// The ordinal of a CUDA device; host devices are an internal error reported, not a panic.
+fn cuda_ordinal(device: Device) -> Result<u32> {
+    match device {
+        Device::Cuda(n) => Ok(n),
+        other => Err(crate::Error::invalid(format!(
+            "internal: expected CUDA device memory, got {other}"
+        ))),
+    }
 }
