@@ -10,6 +10,10 @@ use std::ptr::NonNull;
 /// Alignment of host allocations: a cache line, and enough for any SIMD load.
 pub const HOST_ALIGN: usize = 64;
 
+/// A type with the host alignment, whose dangling pointer is the address of empty allocations.
+#[repr(align(64))]
+struct AlignedLine;
+
 /// A 64-byte aligned host allocation.
 pub struct HostAlloc {
     ptr: NonNull<u8>,
@@ -29,7 +33,7 @@ impl HostAlloc {
     pub fn new(bytes: usize, zeroed: bool) -> Result<HostAlloc> {
         if bytes == 0 {
             // An aligned, non-null address that is never dereferenced.
-            let ptr = NonNull::<[u8; HOST_ALIGN]>::dangling().cast::<u8>();
+            let ptr = NonNull::<AlignedLine>::dangling().cast::<u8>();
             return Ok(HostAlloc { ptr, layout: None });
         }
         let oom = || Error::OutOfMemory {

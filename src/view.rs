@@ -175,10 +175,8 @@ mod tests {
         assert_eq!(v.data_ptr() as usize, p + 8);
         d.byte_offset = 2;
         // SAFETY: as above (rejected before use).
-        assert!(
-            unsafe { from_descriptor(&d, Box::new(())) }.is_err(),
-            "misaligned"
-        );
+        let misaligned = unsafe { from_descriptor(&d, Box::new(())) };
+        assert!(misaligned.is_err(), "misaligned");
     }
 
     #[test]

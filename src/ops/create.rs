@@ -104,9 +104,7 @@ mod tests {
         assert!(full(&[2], Scalar::Int(1), DType::Float32, Device::Cpu).is_ok());
         let a = full(&[3], Scalar::Int(-7), DType::Int64, Device::Cpu).unwrap();
         // SAFETY: element 2 of a 3-element int64 array.
-        assert_eq!(
-            unsafe { read_scalar(DType::Int64, a.data_ptr(), 2) },
-            Scalar::Int(-7)
-        );
+        let last = unsafe { read_scalar(DType::Int64, a.data_ptr(), 2) };
+        assert_eq!(last, Scalar::Int(-7));
     }
 }

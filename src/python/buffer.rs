@@ -187,23 +187,27 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
     if ndim > 0 && v.shape.is_null() {
         return Err(Error::invalid("buffer has dimensions but no shape").into());
     }
-    // SAFETY (the three reads below): a filled Py_buffer's shape, strides and suboffsets, where
-    // non-NULL, hold `ndim` entries, and its format, where non-NULL, is a C string.
+    // A filled Py_buffer's shape, strides and suboffsets, where non-NULL, hold `ndim` entries,
+    // and its format, where non-NULL, is a C string.
     let dims: &[isize] = if ndim == 0 {
         &[]
     } else {
+        // SAFETY: shape is non-NULL (checked above) and holds `ndim` entries.
         unsafe { std::slice::from_raw_parts(v.shape, ndim) }
     };
-    if !v.suboffsets.is_null()
-        && unsafe { std::slice::from_raw_parts(v.suboffsets, ndim) }
-            .iter()
-            .any(|&o| o >= 0)
-    {
+    let suboffsets: &[isize] = if v.suboffsets.is_null() || ndim == 0 {
+        &[]
+    } else {
+        // SAFETY: non-NULL suboffsets hold `ndim` entries.
+        unsafe { std::slice::from_raw_parts(v.suboffsets, ndim) }
+    };
+    if suboffsets.iter().any(|&o| o >= 0) {
         return Err(Error::invalid("indirect (PIL-style) buffers are not supported").into());
     }
     let format = if v.format.is_null() {
         "B".to_string()
     } else {
+        // SAFETY: a non-NULL format is a NUL-terminated C string owned by the exporter.
         unsafe { std::ffi::CStr::from_ptr(v.format) }
             .to_string_lossy()
             .into_owned()
