@@ -103,6 +103,7 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> 
     let consumer_stream = Consumer(consumer);
     let attempt = || -> PyResult<ImportedDlpack> {
         if is_capsule(obj) {
+            refuse_other_major_version(obj)?;
             return dlpark_import(obj.as_borrowed(), None, None);
         }
         let request = ImportRequest::new(obj.as_borrowed())?;
@@ -151,6 +152,44 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> 
         _ => array,
     };
     Ok(Imported { array, copied })
+}
+
+/// A versioned capsule of another major version has an unknown layout past its header: the spec
+/// says to call its deleter (at a fixed offset in every version) and use nothing else. dlpark
+/// refuses such tensors without releasing them, so cubridge does it here first.
+fn refuse_other_major_version(capsule: &Bound<'_, PyAny>) -> PyResult<()> {
+    const NAME: &std::ffi::CStr = c"dltensor_versioned";
+    const USED: &std::ffi::CStr = c"used_dltensor_versioned";
+    // SAFETY: PyCapsule_IsValid accepts any object and only compares the name.
+    if unsafe { pyo3::ffi::PyCapsule_IsValid(capsule.as_ptr(), NAME.as_ptr()) } != 1 {
+        return Ok(());
+    }
+    // SAFETY: a valid capsule of this name; GetPointer returns its (non-NULL) pointer.
+    let ptr = unsafe { pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), NAME.as_ptr()) };
+    if ptr.is_null() {
+        return Err(PyErr::fetch(capsule.py()));
+    }
+    let raw = ptr.cast::<dlpark::ffi::DLManagedTensorVersioned>();
+    // SAFETY: every DLPack version starts with DLPackVersion, then manager_ctx and deleter, in
+    // this layout (the spec fixes them so that a consumer can always release a tensor).
+    let (version, deleter) = unsafe { ((*raw).version, (*raw).deleter) };
+    if version.major == dlpark::ffi::DLPACK_MAJOR_VERSION {
+        return Ok(());
+    }
+    // SAFETY: renaming marks the capsule consumed, so its destructor will not release it again.
+    if unsafe { pyo3::ffi::PyCapsule_SetName(capsule.as_ptr(), USED.as_ptr()) } != 0 {
+        return Err(PyErr::fetch(capsule.py()));
+    }
+    if let Some(deleter) = deleter {
+        // SAFETY: the spec guarantees the deleter's position and that calling it is safe.
+        unsafe { deleter(raw) };
+    }
+    Err(PyBufferError::new_err(format!(
+        "DLPack {}.{} tensor: cubridge reads major version {}; the tensor was released",
+        version.major,
+        version.minor,
+        dlpark::ffi::DLPACK_MAJOR_VERSION
+    )))
 }
 
 /// Applies the Array API `copy` / `dtype` / `device` rules to an imported array: no copy unless
