@@ -6,6 +6,7 @@ import gc
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -490,3 +491,143 @@ def test_second_gpu():
         cb.add(x, torch.ones(10, device="cuda:0"))
     z = cb.zeros((3,), device="cuda:1")
     assert z.__dlpack_device__() == (2, 1)
+
+
+# ---- reliability on the device: faults, leaks per protocol, threads, the GIL ------------------
+
+
+def test_allocation_beyond_free_memory_is_a_memory_error_and_nothing_breaks():
+    torch.cuda.synchronize()
+    gc.collect()
+    free, total = cb.cuda.mem_info()
+    with pytest.raises(MemoryError, match="could not allocate"):
+        cb.empty((total * 4,), dtype="uint8", device="cuda")
+    with pytest.raises(MemoryError):
+        cb.zeros((total // 8, 4), dtype="float32", device="cuda")  # twice the device
+    hog = cb.empty((free - (1 << 30),), dtype="uint8", device="cuda")  # all but 1 GiB
+    with pytest.raises(MemoryError):
+        cb.zeros((1 << 29,), dtype="float32", device="cuda")  # 2 GiB: beyond what is free
+    del hog
+    # The process keeps working: allocations, kernels and exports after the failures.
+    r = cb.add(cb.arange(1000, device="cuda"), torch.ones(1000, device="cuda"))
+    np.testing.assert_array_equal(torch.from_dlpack(r).cpu().numpy(), np.arange(1, 1001))
+    del r
+    torch.cuda.synchronize()
+    gc.collect()
+    assert abs(cb.cuda.mem_info()[0] - free) < (64 << 20)
+
+
+def test_driver_errors_surface_as_cuda_error():
+    """A kernel that faults (a CAI view claiming far more memory than exists) poisons the CUDA
+    context, so it runs in a child process; the child must see cubridge.CudaError naming the
+    driver's error, and exit normally."""
+    code = (
+        "import cubridge as cb\n"
+        "a = cb.zeros((1024,), dtype='float32', device='cuda')\n"
+        "class Liar:\n"
+        "    __cuda_array_interface__ = {'shape': (1 << 36,), 'typestr': '<f4',\n"
+        "        'data': (a.data_ptr, False), 'version': 3, 'stream': None}\n"
+        "try:\n"
+        "    r = cb.add(Liar(), Liar(), out=Liar())\n"
+        "    cb.cuda.synchronize()\n"
+        "    print('no error')\n"
+        "except cb.CudaError as e:\n"
+        "    print('CudaError:', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("CudaError:"), done.stdout + done.stderr
+    assert "CUDA_ERROR_" in done.stdout
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+DEVICE_PROTOCOLS = {
+    "dlpack_legacy": lambda a, t: cb.from_dlpack(a.__dlpack__(stream=1)),
+    "dlpack_versioned": lambda a, t: cb.from_dlpack(a.__dlpack__(stream=1, max_version=(1, 3))),
+    "torch_from_dlpack": lambda a, t: torch.from_dlpack(a),
+    "torch_import": lambda a, t: cb.from_dlpack(t),
+    "cai_export": lambda a, t: a.__cuda_array_interface__,
+    "cai_import": lambda a, t: cb.asarray(_CaiOnly(t)),
+}
+
+
+@pytest.mark.parametrize("protocol", DEVICE_PROTOCOLS)
+def test_100k_device_exchanges_keep_device_and_host_memory_flat(protocol):
+    a = cb.arange(1024, dtype="float32", device="cuda")
+    t = torch.arange(1024, dtype=torch.float32, device="cuda")
+    step = DEVICE_PROTOCOLS[protocol]
+    for _ in range(2000):
+        step(a, t)
+    torch.cuda.synchronize()
+    gc.collect()
+    free0, rss0 = cb.cuda.mem_info()[0], _rss()
+    for _ in range(100_000):
+        step(a, t)
+    torch.cuda.synchronize()
+    gc.collect()
+    free1, rss1 = cb.cuda.mem_info()[0], _rss()
+    # One leaked 4 KiB buffer per cycle would be 400 MB; one leaked event or descriptor, megabytes.
+    assert abs(free1 - free0) < (2 << 20), f"device memory moved {free0 - free1} bytes"
+    assert rss1 - rss0 < (4 << 20), f"RSS grew {rss1 - rss0} bytes"
+
+
+def test_adds_from_eight_threads_each_on_its_own_stream():
+    import threading
+
+    n = 1 << 20
+    errors = []
+
+    def work(k):
+        try:
+            s = cb.cuda.Stream()
+            a = torch.full((n,), float(k), device="cuda")
+            b = torch.arange(n, dtype=torch.float32, device="cuda")
+            torch.cuda.synchronize()
+            out = None
+            for _ in range(50):
+                out = cb.add(a, b, stream=s)
+                assert out.stream == s.ptr
+            s.synchronize()
+            got = torch.from_dlpack(out)
+            expected = torch.arange(n, dtype=torch.float32, device="cuda") + k
+            if not torch.equal(got, expected):
+                errors.append(f"thread {k}: wrong values")
+        except Exception as e:  # noqa: BLE001 - reported below with the thread's number
+            errors.append(f"thread {k}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+
+
+@pytest.mark.parametrize("wait", ["synchronize", "stream", "to_numpy"])
+def test_the_gil_is_released_while_waiting_on_the_gpu(wait):
+    import threading
+
+    s = cb.cuda.Stream()
+    a = torch.ones(1024, device="cuda")
+    with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+        spin(1.0)  # about a second of GPU work ahead of the add
+    r = cb.add(a, a, stream=s)
+    waits = {
+        "synchronize": cb.cuda.synchronize,
+        "stream": s.synchronize,
+        "to_numpy": r.to_numpy,
+    }
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (waits[wait](), done.set()))
+    ticks = 0
+    waiter.start()
+    time.sleep(0.05)
+    while not done.is_set():
+        ticks += 1  # runs only if the waiting thread let go of the GIL
+        time.sleep(0.001)
+    waiter.join()
+    assert ticks > 100, f"only {ticks} ticks while {wait} waited on the GPU"

@@ -81,11 +81,12 @@ pub unsafe fn from_descriptor(
                 .ok_or_else(|| Error::invalid("empty layout in a non-empty branch"))?;
             let base = isize::try_from(first - d.data)
                 .map_err(|_| Error::invalid("byte_offset is too large"))?;
-            if start + base < 0 || (end + base) as usize > len {
+            let reach = start.checked_add(base).zip(end.checked_add(base));
+            let inside = matches!(reach, Some((lo, hi)) if lo >= 0 && hi as usize <= len);
+            if !inside {
+                let (lo, hi) = reach.unwrap_or((isize::MIN, isize::MAX));
                 return Err(Error::invalid(format!(
-                    "strides reach bytes {}..{} but the buffer has {len} bytes",
-                    start + base,
-                    end + base
+                    "strides reach bytes {lo}..{hi} but the buffer has {len} bytes"
                 )));
             }
         }

@@ -208,7 +208,9 @@ pub fn pointer_device(ptr: usize) -> Result<Device> {
             "{ptr:#x} is not memory the CUDA driver knows ({e})"
         ))
     })?;
-    Ok(Device::Cuda(ordinal as u32))
+    let ordinal = u32::try_from(ordinal)
+        .map_err(|_| Error::invalid(format!("{ptr:#x} is not memory of a CUDA device")))?;
+    Ok(Device::Cuda(ordinal))
 }
 
 /// Free and total bytes on device `ordinal`.

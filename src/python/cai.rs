@@ -131,7 +131,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Option<Array>
         crate::cuda::current_device()?
     };
     let Device::Cuda(ordinal) = device else {
-        unreachable!("pointer_device gives CUDA devices")
+        return Err(bad(format!("{ptr:#x} is not CUDA device memory")));
     };
     if let Some(p) = producer_stream {
         cs::order(consumer, p, ordinal)?;
