@@ -613,9 +613,18 @@ def test_the_gil_is_released_while_waiting_on_the_gpu(wait):
 
     s = cb.cuda.Stream()
     a = torch.ones(1024, device="cuda")
-    with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+    # Settle earlier work first: freeing device memory (cuMemFree) waits for the device, and a
+    # free of some earlier test's array inside the add below would do the waiting too early.
+    warm = cb.add(a, a, stream=s)
+    cb.cuda.synchronize()
+    gc.collect()
+    warm2 = cb.add(a, a, stream=s)  # kept: its free would also wait for the device
+    cb.cuda.synchronize()
+    side = torch.cuda.ExternalStream(s.ptr)
+    with torch.cuda.stream(side):
         spin(1.0)  # about a second of GPU work ahead of the add
     r = cb.add(a, a, stream=s)
+    assert not side.query(), "the add should have returned while the GPU is still busy"
     waits = {
         "synchronize": cb.cuda.synchronize,
         "stream": s.synchronize,
@@ -631,3 +640,5 @@ def test_the_gil_is_released_while_waiting_on_the_gpu(wait):
         time.sleep(0.001)
     waiter.join()
     assert ticks > 100, f"only {ticks} ticks while {wait} waited on the GPU"
+    np.testing.assert_array_equal(r.to_numpy(), np.full(1024, 2.0, np.float32))
+    del warm, warm2

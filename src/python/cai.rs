@@ -113,6 +113,9 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Option<Array>
             Some(bytes.iter().map(|b| b / itemsize).collect())
         }
     };
+    // The layout is checked before anything is asked of the driver.
+    crate::layout::Layout::from_untrusted(&shape, strides.as_deref(), 0, dtype.itemsize())
+        .map_err(|e| bad(e.to_string()))?;
     let producer_stream = match get(d, "stream")? {
         None => None,
         Some(s) => {
@@ -126,7 +129,10 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Option<Array>
         }
     };
     let device = if ptr != 0 {
-        memory::pointer_device(ptr)?
+        memory::pointer_device(ptr).map_err(|e| match e {
+            Error::Invalid(why) => bad(why),
+            other => other.into(),
+        })?
     } else {
         crate::cuda::current_device()?
     };
