@@ -79,11 +79,21 @@ pub fn for_each_run<const N: usize>(
     }
 }
 
+/// CPUs this process may use, read once: the standard library reads the cgroup files on every
+/// call, which costs more than a small add.
+fn cpu_count() -> usize {
+    static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COUNT.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Splits `[0, total)` into one contiguous range per worker and runs `job(start, end)` on each,
 /// in parallel when the job is large enough to gain from it.
 pub fn parallel_ranges(total: usize, job: impl Fn(usize, usize) + Sync) {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = threads.min(total / PARALLEL_MIN_ELEMENTS).max(1);
+    let workers = if total < 2 * PARALLEL_MIN_ELEMENTS {
+        1
+    } else {
+        cpu_count().min(total / PARALLEL_MIN_ELEMENTS)
+    };
     if workers == 1 {
         job(0, total);
         return;
