@@ -2,8 +2,9 @@
 // instantiated per dtype triple by the host (see src/cuda/kernels.rs), which appends
 // `extern "C"` wrappers named after the dtypes.
 //
-// Indexing: a contiguous variant (all operands unit-stride over n elements) and a strided
-// variant over up to CB_MAX_DIMS coalesced dimensions; both are grid-stride loops.
+// Variants of add, chosen by the host per call: contiguous (vectorized when aligned), strided
+// over up to CB_MAX_DIMS coalesced dimensions, and tiled for 2-D plans with a transposed input;
+// each with 32-bit indexing where it fits. All are grid-stride loops.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -92,26 +93,160 @@ struct Geometry {
 };
 
 template <typename A, typename B, typename R>
-__device__ void add_contiguous(R* out, const A* a, const B* b, long long n) {
-    long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        out[i] = Add<R>::run(Cvt<R, A>::run(a[i]), Cvt<R, B>::run(b[i]));
+__device__ __forceinline__ R add_one(A x, B y) {
+    return Add<R>::run(Cvt<R, A>::run(x), Cvt<R, B>::run(y));
+}
+
+// V consecutive elements moved as one aligned access (16 bytes for the widest operand).
+template <typename T, int V> struct alignas(sizeof(T) * V) Pack {
+    T v[V];
+};
+
+// Contiguous operands. I is the index type: unsigned int when n < 2^31 (cheaper arithmetic),
+// else long long. With V > 1 every pointer is aligned to its Pack (the host checks); a block
+// takes chunks of CB_UNROLL * blockDim.x packs, each thread loading CB_UNROLL packs of each input
+// before it computes (more bytes in flight per thread), and the first threads finish the n % V
+// tail.
+#define CB_UNROLL 4
+
+template <typename A, typename B, typename R, int V, typename I>
+__device__ void add_contiguous(R* out, const A* a, const B* b, I n) {
+    if (V == 1) {
+        I step = (I)gridDim.x * blockDim.x;
+        for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+            out[i] = add_one<A, B, R>(a[i], b[i]);
+        return;
+    }
+    const I packs = n / V;
+    const Pack<A, V>* pa = reinterpret_cast<const Pack<A, V>*>(a);
+    const Pack<B, V>* pb = reinterpret_cast<const Pack<B, V>*>(b);
+    Pack<R, V>* po = reinterpret_cast<Pack<R, V>*>(out);
+    const I chunk = (I)blockDim.x * CB_UNROLL;
+    for (I base = (I)blockIdx.x * chunk; base < packs; base += (I)gridDim.x * chunk) {
+        Pack<A, V> x[CB_UNROLL];
+        Pack<B, V> y[CB_UNROLL];
+#pragma unroll
+        for (int u = 0; u < CB_UNROLL; ++u) {
+            I i = base + u * blockDim.x + threadIdx.x;
+            if (i < packs) {
+                x[u] = pa[i];
+                y[u] = pb[i];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < CB_UNROLL; ++u) {
+            I i = base + u * blockDim.x + threadIdx.x;
+            if (i < packs) {
+                Pack<R, V> z;
+#pragma unroll
+                for (int k = 0; k < V; ++k) z.v[k] = add_one<A, B, R>(x[u].v[k], y[u].v[k]);
+                po[i] = z;
+            }
+        }
+    }
+    if (blockIdx.x == 0) {
+        I tail = packs * V + threadIdx.x;
+        if (tail < n) out[tail] = add_one<A, B, R>(a[tail], b[tail]);
     }
 }
 
-template <typename A, typename B, typename R>
-__device__ void add_strided(R* out, const A* a, const B* b, long long n, const Geometry& g) {
-    long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        long long rem = i, oo = 0, oa = 0, ob = 0;
+// Any strides over up to CB_MAX_DIMS coalesced dimensions. I is the index and offset type: int
+// when every index and offset fits in 31 bits (32-bit division is far cheaper), else long long.
+template <typename A, typename B, typename R, typename I>
+__device__ void add_strided(R* out, const A* a, const B* b, I n, const Geometry& g) {
+    I step = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        I rem = i, oo = 0, oa = 0, ob = 0;
         for (int d = g.ndim - 1; d >= 0; --d) {
-            long long idx = rem % g.shape[d];
-            rem /= g.shape[d];
-            oo += idx * g.stride[0][d];
-            oa += idx * g.stride[1][d];
-            ob += idx * g.stride[2][d];
+            I extent = (I)g.shape[d];
+            I idx = rem % extent;
+            rem /= extent;
+            oo += idx * (I)g.stride[0][d];
+            oa += idx * (I)g.stride[1][d];
+            ob += idx * (I)g.stride[2][d];
         }
-        out[oo] = Add<R>::run(Cvt<R, A>::run(a[oa]), Cvt<R, B>::run(b[ob]));
+        out[oo] = add_one<A, B, R>(a[oa], b[ob]);
+    }
+}
+
+// Two dimensions [rows, cols] where out runs along cols (stride 1) and an input runs along
+// rows (it is a transposed view). Such an input is read a T x T tile at a time along its own
+// unit stride into shared memory, then read back across, so that every global access of a warp
+// covers whole 32-byte sectors. A block is 32 x 8 threads; each handles T / 32 columns and
+// T / 8 rows of a tile. Blocks take tiles in a grid-stride loop. T is 64 for elements of up to
+// 2 bytes and 32 above; rows of a tile are padded to keep shared-memory reads conflict-free.
+template <typename T> struct TileOf {
+    static const int edge = sizeof(T) <= 2 ? 64 : 32;
+    static const int pad = sizeof(T) >= 4 ? 1 : 4 / sizeof(T);
+};
+
+template <int E, typename T, typename I>
+__device__ __forceinline__ void load_tile(T (*tile)[E + TileOf<T>::pad], const T* src, I r0,
+                                          I c0, I rows, I cols, I s0, I s1) {
+    // Thread x walks src's unit-stride dimension (rows), so a warp reads consecutive elements.
+    for (int k = threadIdx.y; k < E; k += blockDim.y) {
+        const I c = c0 + k;
+#pragma unroll
+        for (int e = 0; e < E / 32; ++e) {
+            const I r = r0 + threadIdx.x + 32 * e;
+            if (r < rows && c < cols) tile[k][threadIdx.x + 32 * e] = src[r * s0 + c * s1];
+        }
+    }
+}
+
+// Loads the elements of a tile that a thread adds, from an input read in place (not tiled),
+// before the block waits for its tiles: both loads are then in flight at once.
+template <int E, typename T, typename I>
+__device__ __forceinline__ void load_direct(T (*v)[E / 32], const T* src, I r0, I c0, I rows,
+                                            I cols, I s0, I s1) {
+#pragma unroll
+    for (int k = 0; k < E / 8; ++k) {
+        const I r = r0 + threadIdx.y + 8 * k;
+#pragma unroll
+        for (int e = 0; e < E / 32; ++e) {
+            const I c = c0 + threadIdx.x + 32 * e;
+            if (r < rows && c < cols) v[k][e] = src[r * s0 + c * s1];
+        }
+    }
+}
+
+// `tile` says which inputs are read through tiles: bit 0 for a, bit 1 for b.
+template <typename A, typename B, typename R, typename I>
+__device__ void add_tiled(R* out, const A* a, const B* b, I rows, I cols, const Geometry& g,
+                          int tile) {
+    constexpr int E = TileOf<A>::edge < TileOf<B>::edge ? TileOf<A>::edge : TileOf<B>::edge;
+    __shared__ A ta[E][E + TileOf<A>::pad];
+    __shared__ B tb[E][E + TileOf<B>::pad];
+    A va[E / 8][E / 32];
+    B vb[E / 8][E / 32];
+    const I so0 = (I)g.stride[0][0], so1 = (I)g.stride[0][1];
+    const I sa0 = (I)g.stride[1][0], sa1 = (I)g.stride[1][1];
+    const I sb0 = (I)g.stride[2][0], sb1 = (I)g.stride[2][1];
+    const bool tile_a = tile & 1, tile_b = tile & 2;
+    const I tiles_c = (cols + E - 1) / E;
+    const I tiles = ((rows + E - 1) / E) * tiles_c;
+    for (I t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const I r0 = (t / tiles_c) * E, c0 = (t % tiles_c) * E;
+        if (tile_a) load_tile<E, A, I>(ta, a, r0, c0, rows, cols, sa0, sa1);
+        else load_direct<E, A, I>(va, a, r0, c0, rows, cols, sa0, sa1);
+        if (tile_b) load_tile<E, B, I>(tb, b, r0, c0, rows, cols, sb0, sb1);
+        else load_direct<E, B, I>(vb, b, r0, c0, rows, cols, sb0, sb1);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < E / 8; ++k) {
+            const I r = r0 + threadIdx.y + 8 * k;
+#pragma unroll
+            for (int e = 0; e < E / 32; ++e) {
+                const int j = threadIdx.x + 32 * e;
+                const I c = c0 + j;
+                if (r < rows && c < cols) {
+                    A x = tile_a ? ta[j][threadIdx.y + 8 * k] : va[k][e];
+                    B y = tile_b ? tb[j][threadIdx.y + 8 * k] : vb[k][e];
+                    out[r * so0 + c * so1] = add_one<A, B, R>(x, y);
+                }
+            }
+        }
+        __syncthreads();
     }
 }
 

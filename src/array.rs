@@ -105,10 +105,10 @@ impl Array {
     }
 
     /// The same array, recorded as written on `stream`, with an event after that work.
-    pub fn with_pending(&self, stream: usize, event: Event) -> Array {
+    pub fn with_pending(&self, stream: usize, event: impl Into<Arc<Event>>) -> Array {
         Array {
             stream,
-            pending: Some(Arc::new(event)),
+            pending: Some(event.into()),
             ..self.clone()
         }
     }
@@ -121,6 +121,10 @@ impl Array {
     /// Makes `consumer` (a stream of this array's device) wait for the array's pending work.
     pub fn order_before(&self, consumer: usize) -> Result<()> {
         match &self.pending {
+            // Work on the legacy default stream is ordered before everything queued on it later,
+            // from any thread. (Other handles are not trusted that way: a destroyed stream's
+            // handle may be reused by a new one.)
+            Some(_) if consumer == self.stream && consumer == crate::cuda::stream::LEGACY => Ok(()),
             Some(event) => event.wait(consumer),
             None => Ok(()),
         }

@@ -282,6 +282,24 @@ pub struct Coalesced<const N: usize> {
     pub strides: [Vec<isize>; N],
 }
 
+/// Orders the dimensions of operands that share `shape` so that the first operand's strides
+/// fall from outermost to innermost (by magnitude; ties keep their order). For an elementwise
+/// operation the order of dimensions is free, and this one lets [`coalesce`] merge what the
+/// first operand (the output) has contiguous and puts its unit stride innermost.
+pub fn order_by_first<const N: usize>(
+    shape: &[usize],
+    strides: [&[isize]; N],
+) -> (Vec<usize>, [Vec<isize>; N]) {
+    let mut order: Vec<usize> = (0..shape.len()).collect();
+    if N > 0 {
+        order.sort_by_key(|&d| std::cmp::Reverse(strides[0][d].unsigned_abs()));
+    }
+    (
+        order.iter().map(|&d| shape[d]).collect(),
+        std::array::from_fn(|k| order.iter().map(|&d| strides[k][d]).collect()),
+    )
+}
+
 /// Coalesces operands that share `shape` (see [`Coalesced`]).
 pub fn coalesce<const N: usize>(shape: &[usize], strides: [&[isize]; N]) -> Coalesced<N> {
     if shape.contains(&0) {
@@ -327,6 +345,21 @@ pub fn coalesce<const N: usize>(shape: &[usize], strides: [&[isize]; N]) -> Coal
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn order_by_first_puts_the_outputs_unit_stride_last() {
+        // out transposed (strides 1, 3), input contiguous (strides 2, 1).
+        let (shape, strides) = order_by_first(&[3, 2], [&[1, 3], &[2, 1]]);
+        assert_eq!(shape, vec![2, 3]);
+        assert_eq!(strides, [vec![3, 1], vec![1, 2]]);
+        // Once ordered, a transposed out and a transposed input merge into one dimension.
+        let (shape, strides) = order_by_first(&[3, 2], [&[1, 3], &[1, 3]]);
+        let plan = coalesce(&shape, [&strides[0], &strides[1]]);
+        assert_eq!(plan.shape, vec![6]);
+        // Negative strides count by magnitude; ties keep their order.
+        let (_, strides) = order_by_first(&[2, 2, 2], [&[-1, 4, -2], &[1, 2, 3]]);
+        assert_eq!(strides, [vec![4, -2, -1], vec![2, 3, 1]]);
+    }
 
     #[test]
     fn c_strides_and_contiguity() {

@@ -73,3 +73,23 @@ pub fn synchronize(ordinal: u32) -> Result<()> {
     bind(ordinal)?;
     check(result::ctx::synchronize(), "synchronizing the device")
 }
+
+/// Streaming multiprocessors of `ordinal`, read once per device.
+pub fn sm_count(ordinal: u32) -> Result<usize> {
+    static SMS: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+    let mut table = SMS.lock().unwrap_or_else(|p| p.into_inner());
+    let i = ordinal as usize;
+    if table.len() <= i {
+        table.resize(i + 1, None);
+    }
+    if let Some(n) = table[i] {
+        return Ok(n);
+    }
+    let n = attribute(
+        ordinal,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?
+    .max(1) as usize;
+    table[i] = Some(n);
+    Ok(n)
+}

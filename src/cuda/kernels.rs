@@ -11,6 +11,18 @@ use std::sync::Mutex;
 
 const SOURCE: &str = include_str!("../../kernels/elementwise.cu");
 
+/// Packs each thread of the vector kernel moves per step (`CB_UNROLL`).
+pub const UNROLL: usize = 4;
+
+/// Edge of the tiled kernel's square tiles for inputs `a` and `b` (`TileOf` in the kernels).
+pub fn tile_edge(a: DType, b: DType) -> usize {
+    let edge = |d: DType| if d.itemsize() <= 2 { 64 } else { 32 };
+    edge(a).min(edge(b))
+}
+
+/// Threads of a tiled-kernel block, (x, y).
+pub const TILE_BLOCK: (u32, u32) = (32, 8);
+
 /// Most dimensions the strided kernels take after coalescing (`CB_MAX_DIMS`).
 pub const MAX_DIMS: usize = 8;
 
@@ -47,8 +59,15 @@ pub fn c_type(d: DType) -> &'static str {
     }
 }
 
-/// Loaded functions (name, `CUfunction` address) by device and instantiation key.
-type FunctionCache = HashMap<(u32, String), Vec<(String, usize)>>;
+/// A compiled module: which operation, for which dtypes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Module {
+    Add(DType, DType, DType),
+    Gather(DType),
+}
+
+/// Loaded functions (`CUfunction` addresses, in the order asked for) by device and module.
+type FunctionCache = HashMap<(u32, Module), Vec<usize>>;
 static CACHE: Mutex<Option<FunctionCache>> = Mutex::new(None);
 
 /// The compute capability of `ordinal` as a number (9.0 → 90).
@@ -59,87 +78,138 @@ fn arch(ordinal: u32) -> Result<u32> {
     Ok((major * 10 + minor) as u32)
 }
 
-/// Loads (compiling if needed) the module `key` with `wrappers` appended to the kernel source,
-/// and returns the named functions, in order.
-fn functions(ordinal: u32, key: &str, wrappers: &str, names: &[&str]) -> Result<Vec<usize>> {
+/// The functions `names` of `module` on `ordinal`, compiling and loading it on first use
+/// (`wrappers`, appended to the kernel source, are built only then). A cache hit costs one
+/// lock and one hash lookup.
+fn functions(
+    ordinal: u32,
+    module: Module,
+    build: impl FnOnce() -> (String, String, Vec<String>),
+) -> Result<Vec<usize>> {
     let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     let cache = guard.get_or_insert_with(HashMap::new);
-    if let Some(found) = cache.get(&(ordinal, key.to_string())) {
-        return Ok(found.iter().map(|(_, f)| *f).collect());
+    if let Some(found) = cache.get(&(ordinal, module)) {
+        return Ok(found.clone());
     }
+    let (key, wrappers, names) = build();
     context::bind(ordinal)?;
     let source = format!("{SOURCE}\n{wrappers}");
-    let ptx = nvrtc::compile(&source, key, arch(ordinal)?)?;
+    let ptx = nvrtc::compile(&source, &key, arch(ordinal)?)?;
     let image = CString::new(ptx).map_err(|_| crate::Error::invalid("PTX contains NUL"))?;
     // SAFETY: `image` is NUL-terminated PTX; a context is current. The module stays loaded for
     // the process (its functions are cached).
-    let module = check(
+    let loaded = check(
         unsafe { result::module::load_data(image.as_ptr().cast()) },
         "loading a compiled kernel module",
     )?;
     let mut found = Vec::new();
     for name in names {
-        let cname = CString::new(*name).expect("kernel names have no NUL");
-        // SAFETY: `module` is loaded; `cname` is NUL-terminated.
+        let cname =
+            CString::new(name).map_err(|_| crate::Error::invalid("a kernel name has a NUL"))?;
+        // SAFETY: `loaded` is a loaded module; `cname` is NUL-terminated.
         let f = check(
-            unsafe { result::module::get_function(module, cname) },
+            unsafe { result::module::get_function(loaded, cname) },
             "finding a kernel in its module",
         )?;
-        found.push((name.to_string(), f as usize));
+        found.push(f as usize);
     }
-    let out = found.iter().map(|(_, f)| *f).collect();
-    cache.insert((ordinal, key.to_string()), found);
-    Ok(out)
+    cache.insert((ordinal, module), found.clone());
+    Ok(found)
 }
 
-/// `(contiguous, strided)` add kernels for inputs `a`, `b` and result `r` on `ordinal`.
-pub fn add(
-    ordinal: u32,
-    a: DType,
-    b: DType,
-    r: DType,
-) -> Result<(sys::CUfunction, sys::CUfunction)> {
-    let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
-    let wrappers = format!(
-        "extern \"C\" __global__ void cb_add_contiguous({tr}* o, const {ta}* a, const {tb}* b, \
-         long long n) {{ add_contiguous<{ta}, {tb}, {tr}>(o, a, b, n); }}\n\
-         extern \"C\" __global__ void cb_add_strided({tr}* o, const {ta}* a, const {tb}* b, \
-         long long n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, b, n, g); }}\n"
-    );
-    let key = format!("add_{a}_{b}_{r}");
-    let f = functions(
-        ordinal,
-        &key,
-        &wrappers,
-        &["cb_add_contiguous", "cb_add_strided"],
-    )?;
-    Ok((f[0] as sys::CUfunction, f[1] as sys::CUfunction))
+/// Index width of a kernel variant: 32-bit arithmetic where every index and offset fits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Index {
+    /// `unsigned int` (contiguous) or `int` (strided, tiled) indices.
+    I32 = 0,
+    /// `long long` indices.
+    I64 = 1,
+}
+
+/// The add kernels of one dtype triple on one device, each in both index widths.
+pub struct AddKernels {
+    /// One element per access, any alignment.
+    pub contiguous: [sys::CUfunction; 2],
+    /// `width` elements per aligned access; `width` is 1 when no wider access helps.
+    pub vector: [sys::CUfunction; 2],
+    /// Elements per access of `vector`.
+    pub width: usize,
+    /// Any strides.
+    pub strided: [sys::CUfunction; 2],
+    /// 2-D with a transposed input, through shared-memory tiles.
+    pub tiled: [sys::CUfunction; 2],
+}
+
+/// Elements per 16-byte access of the widest operand (1 for 16-byte elements).
+pub fn vector_width(a: DType, b: DType, r: DType) -> usize {
+    let widest = a.itemsize().max(b.itemsize()).max(r.itemsize());
+    (16 / widest).max(1)
+}
+
+/// The add kernels for inputs `a`, `b` and result `r` on `ordinal`.
+pub fn add(ordinal: u32, a: DType, b: DType, r: DType) -> Result<AddKernels> {
+    let width = vector_width(a, b, r);
+    let f = functions(ordinal, Module::Add(a, b, r), || {
+        let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
+        let mut wrappers = String::new();
+        let mut names = Vec::new();
+        for (suffix, unsigned, signed) in [
+            ("32", "unsigned int", "int"),
+            ("64", "long long", "long long"),
+        ] {
+            wrappers.push_str(&format!(
+                "extern \"C\" __global__ void cb_add_contiguous_{suffix}({tr}* o, const {ta}* a, \
+                 const {tb}* b, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, b, n); }}\n\
+                 extern \"C\" __global__ void cb_add_vector_{suffix}({tr}* o, const {ta}* a, \
+                 const {tb}* b, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, b, n); }}\n\
+                 extern \"C\" __global__ void cb_add_strided_{suffix}({tr}* o, const {ta}* a, \
+                 const {tb}* b, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, b, n, g); }}\n\
+                 extern \"C\" __global__ void cb_add_tiled_{suffix}({tr}* o, const {ta}* a, \
+                 const {tb}* b, {signed} rows, {signed} cols, Geometry g, int tile) \
+                 {{ add_tiled<{ta}, {tb}, {tr}>(o, a, b, rows, cols, g, tile); }}\n"
+            ));
+            for kind in ["contiguous", "vector", "strided", "tiled"] {
+                names.push(format!("cb_add_{kind}_{suffix}"));
+            }
+        }
+        (format!("add_{a}_{b}_{r}"), wrappers, names)
+    })?;
+    let pick = |k: usize| [f[k] as sys::CUfunction, f[4 + k] as sys::CUfunction];
+    Ok(AddKernels {
+        contiguous: pick(0),
+        vector: pick(1),
+        width,
+        strided: pick(2),
+        tiled: pick(3),
+    })
 }
 
 /// The strided gather kernel for `dtype` on `ordinal`.
 pub fn gather(ordinal: u32, dtype: DType) -> Result<sys::CUfunction> {
-    let t = c_type(dtype);
-    let wrappers = format!(
-        "extern \"C\" __global__ void cb_gather({t}* o, const {t}* s, long long n, Geometry g) \
-         {{ gather<{t}>(o, s, n, g); }}\n"
-    );
-    let f = functions(
-        ordinal,
-        &format!("gather_{dtype}"),
-        &wrappers,
-        &["cb_gather"],
-    )?;
+    let f = functions(ordinal, Module::Gather(dtype), || {
+        let t = c_type(dtype);
+        let wrappers = format!(
+            "extern \"C\" __global__ void cb_gather({t}* o, const {t}* s, long long n, \
+             Geometry g) {{ gather<{t}>(o, s, n, g); }}\n"
+        );
+        (
+            format!("gather_{dtype}"),
+            wrappers,
+            vec!["cb_gather".to_string()],
+        )
+    })?;
     Ok(f[0] as sys::CUfunction)
 }
 
-/// Blocks for `n` elements: enough to fill the device, grid-stride beyond that.
-pub fn grid(ordinal: u32, n: usize) -> Result<u32> {
-    let sms = context::attribute(
-        ordinal,
-        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    )?;
-    let wanted = n.div_ceil(super::launch::BLOCK as usize).max(1);
-    Ok(wanted.min(sms.max(1) as usize * 16) as u32)
+/// Resident threads per SM the grid-stride kernels aim for (full occupancy on recent GPUs).
+const THREADS_PER_SM: usize = 2048;
+
+/// Blocks of `block` threads to launch when `wanted` would give every thread (or, for tiles,
+/// every block) one item: at most what the device holds at once; grid-stride loops do the rest.
+pub fn grid(ordinal: u32, wanted: usize, block: u32) -> Result<u32> {
+    let sms = context::sm_count(ordinal)?;
+    let resident = sms * (THREADS_PER_SM / block as usize).max(1);
+    Ok(wanted.clamp(1, resident) as u32)
 }
 
 impl Geometry {

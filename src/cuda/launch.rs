@@ -8,7 +8,7 @@ use std::ffi::c_void;
 /// Threads per block for the elementwise kernels.
 pub const BLOCK: u32 = 256;
 
-/// Launches `function` with `grid` blocks of [`BLOCK`] threads on `stream`.
+/// Launches `function` with `grid` blocks of `block` threads (x, y) on `stream`.
 ///
 /// # Safety
 /// 1. `function` belongs to the context current on this thread.
@@ -17,12 +17,22 @@ pub const BLOCK: u32 = 256;
 pub unsafe fn launch(
     function: sys::CUfunction,
     grid: u32,
+    block: (u32, u32),
     stream: sys::CUstream,
     params: &mut [*mut c_void],
 ) -> Result<()> {
     // SAFETY: the caller's contract.
     check(
-        unsafe { result::launch_kernel(function, (grid, 1, 1), (BLOCK, 1, 1), 0, stream, params) },
+        unsafe {
+            result::launch_kernel(
+                function,
+                (grid, 1, 1),
+                (block.0, block.1, 1),
+                0,
+                stream,
+                params,
+            )
+        },
         "launching a kernel",
     )
 }

@@ -6,6 +6,7 @@
 use super::{check, context};
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys};
+use std::sync::Arc;
 
 /// The legacy default stream.
 pub const LEGACY: usize = 1;
@@ -37,26 +38,8 @@ pub fn order(consumer: usize, producer: usize, ordinal: u32) -> Result<()> {
     if consumer == producer {
         return Ok(());
     }
-    context::bind(ordinal)?;
-    let event = check(
-        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
-        "creating an event",
-    )?;
-    // SAFETY: `event` is fresh; the streams are live handles of the current context (the
-    // caller's contract as a DLPack/CAI participant). Destroying an event with a pending wait is
-    // allowed: the wait still completes.
-    let r = unsafe {
-        result::event::record(event, handle(producer)).and_then(|_| {
-            result::stream::wait_event(
-                handle(consumer),
-                event,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        })
-    };
-    // SAFETY: the event is ours and destroyed once.
-    let _ = unsafe { result::event::destroy(event) };
-    check(r, "ordering one stream after another")
+    // The event goes back to the spare list at once: the wait has captured its record.
+    Event::record(producer, ordinal)?.wait(consumer)
 }
 
 /// A point in a stream's work: an event recorded after the work that wrote an array. Waiting on
@@ -71,19 +54,34 @@ unsafe impl Send for Event {}
 // SAFETY: as above; the handle is only read.
 unsafe impl Sync for Event {}
 
+/// Events no longer in use, by device, kept for reuse: creating one costs a driver call per
+/// array that CUDA work writes. Re-recording an event is safe even while earlier waits on it are
+/// queued: a wait captures the record that preceded it.
+static SPARE_EVENTS: std::sync::Mutex<Vec<(u32, usize)>> = std::sync::Mutex::new(Vec::new());
+const MAX_SPARE_EVENTS: usize = 256;
+
+fn spare_event(ordinal: u32) -> Option<usize> {
+    let mut spare = SPARE_EVENTS.lock().unwrap_or_else(|p| p.into_inner());
+    let i = spare.iter().rposition(|&(o, _)| o == ordinal)?;
+    Some(spare.swap_remove(i).1)
+}
+
 impl Event {
     /// Records an event after the work queued so far on `stream`.
     pub fn record(stream: usize, ordinal: u32) -> Result<Event> {
         context::bind(ordinal)?;
-        let raw = check(
-            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
-            "creating an event",
-        )?;
+        let raw = match spare_event(ordinal) {
+            Some(raw) => raw as sys::CUevent,
+            None => check(
+                result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+                "creating an event",
+            )?,
+        };
         let event = Event {
             raw: raw as usize,
             ordinal,
         };
-        // SAFETY: a fresh event; `stream` is live (the caller is using it right now).
+        // SAFETY: a live event of this context; `stream` is live (the caller is using it now).
         let recorded = unsafe { result::event::record(raw, handle(stream)) };
         check(recorded, "recording an event")?;
         Ok(event)
@@ -114,10 +112,24 @@ impl Event {
             "waiting for an event",
         )
     }
+
+    /// Whether the work before the event is done (an error counts as done: nothing more will
+    /// happen on its account).
+    fn is_done(&self) -> bool {
+        // SAFETY: a live event; querying needs no current context.
+        let r = unsafe { sys::cuEventQuery(self.raw as sys::CUevent) };
+        r != sys::CUresult::CUDA_ERROR_NOT_READY
+    }
 }
 
 impl Drop for Event {
     fn drop(&mut self) {
+        let mut spare = SPARE_EVENTS.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.len() < MAX_SPARE_EVENTS {
+            spare.push((self.ordinal, self.raw));
+            return;
+        }
+        drop(spare);
         if context::bind(self.ordinal).is_ok() {
             // SAFETY: created by `record`, destroyed once; pending waits still complete.
             let _ = unsafe { result::event::destroy(self.raw as sys::CUevent) };
@@ -154,50 +166,35 @@ pub fn destroy(stream: usize, ordinal: u32) {
 }
 
 /// Buffers that queued kernels still use, each released once the event recorded after its
-/// kernel has completed.
+/// kernel has happened.
 struct Pending {
-    event: usize,
-    _buffers: Vec<std::sync::Arc<crate::storage::Buffer>>,
+    event: Arc<Event>,
+    _buffers: Vec<Arc<crate::storage::Buffer>>,
 }
 
 static PENDING: std::sync::Mutex<Vec<Pending>> = std::sync::Mutex::new(Vec::new());
 
-/// Keeps `buffers` alive until the work queued so far on `stream` has run, so that memory a
-/// producer frees when its last reference goes (a torch tensor's caching allocator, say) is not
-/// handed out again while a kernel still reads or writes it. Completed entries are released on
-/// later calls; nothing blocks.
-pub fn keep_alive_until_done(
-    stream: usize,
-    ordinal: u32,
-    buffers: Vec<std::sync::Arc<crate::storage::Buffer>>,
-) -> Result<()> {
-    context::bind(ordinal)?;
-    let event = check(
-        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
-        "creating an event",
-    )?;
-    // SAFETY: a fresh event and a live stream of the current context.
-    if let Err(e) = unsafe { result::event::record(event, handle(stream)) } {
-        // SAFETY: destroyed once.
-        let _ = unsafe { result::event::destroy(event) };
-        return check(Err(e), "recording an event");
-    }
+/// Keeps `buffers` alive until `event` (recorded after the kernels that use them) has happened,
+/// so that memory a producer frees when its last reference goes (a torch tensor's caching
+/// allocator, say) is not handed out again while a kernel still reads or writes it. Entries
+/// whose event has happened are released on later calls; nothing blocks.
+pub fn keep_alive_until(event: Arc<Event>, buffers: Vec<Arc<crate::storage::Buffer>>) {
     let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
-    // Take out what has finished; its buffers are dropped after the lock is released, since a
-    // producer's deleter may take its own locks.
-    let (finished, running): (Vec<Pending>, Vec<Pending>) = pending.drain(..).partition(|p| {
-        // SAFETY: events in the list are live until destroyed below, once.
-        unsafe { result::event::query(p.event as sys::CUevent) }.is_ok()
-    });
-    *pending = running;
+    // Take out what has finished; its buffers and events are dropped after the lock is
+    // released, since a producer's deleter may take its own locks.
+    let mut finished = Vec::new();
+    let mut i = 0;
+    while i < pending.len() {
+        if pending[i].event.is_done() {
+            finished.push(pending.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
     pending.push(Pending {
-        event: event as usize,
+        event,
         _buffers: buffers,
     });
     drop(pending);
-    for p in finished {
-        // SAFETY: the event completed and is destroyed once.
-        let _ = unsafe { result::event::destroy(p.event as sys::CUevent) };
-    }
-    Ok(())
+    drop(finished);
 }

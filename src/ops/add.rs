@@ -7,7 +7,7 @@ use crate::cuda::{kernels, launch, stream as cuda_stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{shape_str, Error, Result};
-use crate::layout::{broadcast_shapes, coalesce};
+use crate::layout::{broadcast_shapes, coalesce, order_by_first, Coalesced};
 use std::ffi::c_void;
 
 /// `a + b` with numpy broadcasting and Array API promotion, written into `out` when given (which
@@ -36,7 +36,8 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
         let stream = stream.unwrap_or(cuda_stream::LEGACY);
         return add_cuda(n, stream, [a_b, b_b], out);
     }
-    let plan = coalesce(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
+    let (order, strides) = order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
+    let plan = coalesce(&order, [&strides[0], &strides[1], &strides[2]]);
     // SAFETY: all three arrays are host-accessible and their layouts were validated against
     // their buffers when they were made; `out` is writable (checked) and overlaps an input only
     // exactly (checked); dtypes are the promoted triple.
@@ -52,47 +53,139 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
     Ok(out)
 }
 
+/// Whether every index and element offset of `plan` over `n` elements fits the 32-bit kernels,
+/// with room for a grid-stride step past the end.
+fn fits_32_bits<const N: usize>(plan: &Coalesced<N>, n: usize) -> bool {
+    const LIMIT: usize = (i32::MAX as usize) - (1 << 24);
+    n <= LIMIT
+        && plan.strides.iter().all(|strides| {
+            let mut reach: usize = 0;
+            for (&extent, &stride) in plan.shape.iter().zip(strides) {
+                let span = (extent.saturating_sub(1)).saturating_mul(stride.unsigned_abs());
+                reach = reach.saturating_add(span);
+            }
+            reach <= LIMIT
+        })
+}
+
+/// Which inputs of a 2-D plan are transposed views (unit stride along rows, a real stride along
+/// cols) while out runs along cols: bit 0 for a, bit 1 for b. 0 when the tiled kernel does not
+/// apply.
+fn transposed_inputs(plan: &Coalesced<3>) -> i32 {
+    if plan.shape.len() != 2 || plan.strides[0][1] != 1 || plan.shape.iter().any(|&e| e < 2) {
+        return 0;
+    }
+    let transposed = |s: &[isize]| s[0] == 1 && s[1].unsigned_abs() > 1;
+    i32::from(transposed(&plan.strides[1])) | (i32::from(transposed(&plan.strides[2])) << 1)
+}
+
 fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Result<Array> {
     let [a, b] = inputs;
     for operand in [&a, &b, &out] {
         operand.order_before(stream)?;
     }
-    let shape = out.shape().to_vec();
-    let plan = coalesce(&shape, [out.strides(), a.strides(), b.strides()]);
-    let contiguous = plan.shape.len() == 1 && plan.strides.iter().all(|s| s[0] == 1);
-    let (f_contiguous, f_strided) = kernels::add(ordinal, a.dtype(), b.dtype(), out.dtype())?;
+    let (shape, strides) = order_by_first(out.shape(), [out.strides(), a.strides(), b.strides()]);
+    let plan = coalesce(&shape, [&strides[0], &strides[1], &strides[2]]);
+    let kernels = kernels::add(ordinal, a.dtype(), b.dtype(), out.dtype())?;
     let n = out.numel();
+    let index = if fits_32_bits(&plan, n) {
+        kernels::Index::I32
+    } else {
+        kernels::Index::I64
+    };
+    let (mut o, mut pa, mut pb) = (out.data_ptr(), a.data_ptr(), b.data_ptr());
+    // Kernel arguments after the pointers, in either index width.
+    let (mut n32, mut n64) = (n as u32, n as i64);
     let mut geometry = kernels::Geometry::from_plan(&plan)?;
-    let (mut o, mut pa, mut pb, mut len) = (out.data_ptr(), a.data_ptr(), b.data_ptr(), n as i64);
+    let (mut rows32, mut cols32) = (
+        plan.shape[0] as i32,
+        *plan.shape.last().unwrap_or(&1) as i32,
+    );
+    let (mut rows64, mut cols64) = (
+        plan.shape[0] as i64,
+        *plan.shape.last().unwrap_or(&1) as i64,
+    );
+    let mut tile = transposed_inputs(&plan);
     let mut params: Vec<*mut c_void> = vec![
         (&mut o as *mut *mut u8).cast(),
         (&mut pa as *mut *mut u8).cast(),
         (&mut pb as *mut *mut u8).cast(),
-        (&mut len as *mut i64).cast(),
     ];
-    if !contiguous {
+    let wide = index == kernels::Index::I64;
+    let count: *mut c_void = if wide {
+        (&mut n64 as *mut i64).cast()
+    } else {
+        (&mut n32 as *mut u32).cast()
+    };
+    let contiguous = plan.shape.len() == 1 && plan.strides.iter().all(|s| s[0] == 1);
+    let block = launch::BLOCK;
+    let (function, grid, block) = if contiguous {
+        let width = kernels.width;
+        let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b.dtype())]
+            .iter()
+            .all(|&(p, d)| (p as usize) % (width * d.itemsize()) == 0);
+        params.push(count);
+        if width > 1 && aligned {
+            // One chunk per block: a grid of short-lived blocks streams better than a resident
+            // grid-stride loop (the kernel still loops if the grid is capped).
+            let chunks = (n / width).div_ceil(block as usize * kernels::UNROLL);
+            (kernels.vector[index as usize], chunks, (block, 1))
+        } else {
+            (
+                kernels.contiguous[index as usize],
+                n.div_ceil(block as usize),
+                (block, 1),
+            )
+        }
+    } else if tile != 0 {
+        if wide {
+            params.push((&mut rows64 as *mut i64).cast());
+            params.push((&mut cols64 as *mut i64).cast());
+        } else {
+            params.push((&mut rows32 as *mut i32).cast());
+            params.push((&mut cols32 as *mut i32).cast());
+        }
         params.push((&mut geometry as *mut kernels::Geometry).cast());
-    }
+        params.push((&mut tile as *mut i32).cast());
+        let edge = kernels::tile_edge(a.dtype(), b.dtype());
+        let tiles = plan.shape[0].div_ceil(edge) * plan.shape[1].div_ceil(edge);
+        (kernels.tiled[index as usize], tiles, kernels::TILE_BLOCK)
+    } else {
+        params.push(count);
+        params.push((&mut geometry as *mut kernels::Geometry).cast());
+        (
+            kernels.strided[index as usize],
+            n.div_ceil(block as usize),
+            (block, 1),
+        )
+    };
+    let grid = if function == kernels.vector[index as usize] {
+        grid.clamp(1, i32::MAX as usize) as u32
+    } else {
+        kernels::grid(ordinal, grid, block.0 * block.1)?
+    };
     crate::cuda::context::bind(ordinal)?;
-    // SAFETY: the parameters match cb_add_contiguous(R*, const A*, const B*, long long) and
-    // cb_add_strided(..., Geometry) for the dtypes the kernels were built for; every pointer
-    // addresses its operand's validated layout on this device, `out` is writable and overlaps an
-    // input only exactly (checked); the arrays' buffers outlive the kernel because all three buffers are kept alive until the kernel
-    // has run (keep_alive_until_done below).
+    // SAFETY: the parameters match the chosen kernel's signature in kernels::add (pointers, then
+    // n, or rows, cols, Geometry and the tile mask, in the chosen index width, which fits every
+    // index and offset: fits_32_bits); the vector kernel is chosen only when every pointer is
+    // aligned to its pack. Every pointer addresses its operand's validated layout on this
+    // device, `out` is writable and overlaps an input only exactly (checked); all three buffers
+    // are kept alive until the kernel has run (keep_alive_until below).
     unsafe {
         launch::launch(
-            if contiguous { f_contiguous } else { f_strided },
-            kernels::grid(ordinal, n)?,
+            function,
+            grid,
+            block,
             cuda_stream::handle(stream),
             &mut params,
         )?
     };
-    cuda_stream::keep_alive_until_done(
-        stream,
-        ordinal,
+    let done = std::sync::Arc::new(cuda_stream::Event::record(stream, ordinal)?);
+    cuda_stream::keep_alive_until(
+        done.clone(),
         vec![a.buffer().clone(), b.buffer().clone(), out.buffer().clone()],
-    )?;
-    Ok(out.with_pending(stream, cuda_stream::Event::record(stream, ordinal)?))
+    );
+    Ok(out.with_pending(stream, done))
 }
 
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the
@@ -168,6 +261,27 @@ fn check_out(out: &Array, shape: &[usize], dtype: DType, inputs: [&Array; 2]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_choice_helpers() {
+        let plan = coalesce(&[4, 8], [&[8, 1], &[1, 4], &[8, 1]]);
+        assert_eq!(transposed_inputs(&plan), 1);
+        let plan = coalesce(&[4, 8], [&[8, 1], &[1, 4], &[1, 4]]);
+        assert_eq!(transposed_inputs(&plan), 3);
+        // A column broadcast along cols (stride 0) reads one value per row: no tile.
+        let plan = coalesce(&[4, 8], [&[8, 1], &[1, 0], &[8, 1]]);
+        assert_eq!(transposed_inputs(&plan), 0);
+        // Three dimensions are left to the strided kernel.
+        let plan = coalesce(&[2, 4, 8], [&[32, 8, 1], &[1, 2, 8], &[32, 8, 1]]);
+        assert_eq!(transposed_inputs(&plan), 0);
+
+        let small = coalesce(&[1 << 20], [&[1], &[1], &[1]]);
+        assert!(fits_32_bits(&small, 1 << 20));
+        assert!(!fits_32_bits(&small, 1 << 31));
+        // Few elements, but a stride that reaches past 2^31.
+        let far = coalesce(&[2, 2], [&[2, 1], &[1 << 31, 1], &[2, 1]]);
+        assert!(!fits_32_bits(&far, 4));
+    }
     use crate::cpu::copy::read_scalar;
     use crate::cpu::element::Scalar;
     use crate::ops::{arange, full};

@@ -113,7 +113,8 @@ fn gather(src: &Array) -> Result<Array> {
     unsafe {
         launch::launch(
             function,
-            kernels::grid(n, count)?,
+            kernels::grid(n, count.div_ceil(launch::BLOCK as usize), launch::BLOCK)?,
+            (launch::BLOCK, 1),
             stream::handle(stream::LEGACY),
             &mut params,
         )?

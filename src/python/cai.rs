@@ -1,6 +1,7 @@
 //! The CUDA array interface (`__cuda_array_interface__`, versions 2 and 3): exporting device
 //! arrays to CuPy, Numba and PyTorch, and importing theirs without copying.
 
+use super::import::Use;
 use crate::array::Array;
 use crate::cuda::{memory, stream as cs};
 use crate::device::Device;
@@ -61,9 +62,9 @@ fn bad(msg: impl Into<String>) -> PyErr {
     Error::invalid(format!("__cuda_array_interface__: {}", msg.into())).into()
 }
 
-/// A view of an object's CUDA array interface, ordered before `consumer`, or `None` when the
-/// object has none.
-pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Option<Array>> {
+/// A view of an object's CUDA array interface, ordered before `consumer` (with an event of its
+/// own when kept, see [`Use`]), or `None` when the object has none.
+pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Option<Array>> {
     let py = obj.py();
     let cai = match obj.getattr("__cuda_array_interface__") {
         Ok(c) => c,
@@ -156,6 +157,9 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Option<Array>
     // SAFETY: the interface's contract: the memory stays valid while the exporting object lives,
     // and the view holds a strong reference to it.
     let view = unsafe { from_descriptor(&descriptor, Box::new(keepalive))? };
+    if use_ == Use::Immediate {
+        return Ok(Some(view));
+    }
     Ok(Some(view.with_pending(
         consumer,
         cs::Event::record(consumer, ordinal)?,

@@ -1,7 +1,7 @@
 //! Module-level functions: creation, import, `add`, and `cubridge.cuda` queries.
 
 use super::array::PyArray;
-use super::import::{default_dtype, finish, from_sequence, import, python_scalar};
+use super::import::{default_dtype, finish, from_sequence, import, python_scalar, Use};
 use super::types::{parse_device, parse_dtype};
 use crate::array::Array;
 use crate::cuda::stream::LEGACY;
@@ -122,7 +122,7 @@ pub fn from_dlpack(
         .filter(|d| !d.is_none())
         .map(|d| parse_device(Some(d)))
         .transpose()?;
-    let imported = import(x, LEGACY)?;
+    let imported = import(x, LEGACY, Use::Kept)?;
     Ok(PyArray::new(finish(py, imported, None, device, copy)?))
 }
 
@@ -151,7 +151,7 @@ pub fn asarray(
         }
         return Ok(PyArray::new(array));
     }
-    let imported = import(obj, LEGACY)?;
+    let imported = import(obj, LEGACY, Use::Kept)?;
     Ok(PyArray::new(finish(py, imported, dtype, device, copy)?))
 }
 
@@ -163,7 +163,7 @@ fn operand(obj: &Bound<'_, PyAny>, other: Option<&Array>, consumer: usize) -> Py
         let device = other.map_or(crate::Device::Cpu, |o| o.device());
         return Ok(ops::full(&[], value, dtype, device)?);
     }
-    Ok(import(obj, consumer)?.array)
+    Ok(import(obj, consumer, Use::Immediate)?.array)
 }
 
 /// The current work stream of the first CUDA operand whose framework publishes one through the
@@ -221,7 +221,7 @@ pub fn add(
     }
     let out_array = match out {
         Some(o) => {
-            let imported = import(o, kernel_stream)?;
+            let imported = import(o, kernel_stream, Use::Immediate)?;
             if imported.copied {
                 return Err(Error::invalid(
                     "out's producer exported a copy, so writes would not reach it",

@@ -20,6 +20,17 @@ use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
 
+/// What an imported CUDA view is for, which decides whether it needs an event of its own.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// The view is kept (returned to the caller): an event is recorded on the consumer stream
+    /// after the producer's work, so that any later user, on any stream, can wait for it.
+    Kept,
+    /// The view is used at once by work queued on the consumer stream and then dropped: the
+    /// producer's ordering before that stream is all it needs, and no event is recorded.
+    Immediate,
+}
+
 /// An imported array and whether the producer handed over a copy rather than its own memory.
 pub struct Imported {
     pub array: Array,
@@ -36,9 +47,9 @@ fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
 
 /// Imports `obj` without copying: a cubridge array as is, a DLPack producer or capsule, a CUDA
 /// array interface, or a buffer-protocol object. CUDA producers order their pending work before
-/// `consumer` (a DLPack-numbered stream), and the view records that stream. Errors with
-/// TypeError for anything else.
-pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
+/// `consumer` (a DLPack-numbered stream); a view kept for later records an event there (see
+/// [`Use`]). Errors with TypeError for anything else.
+pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Imported> {
     if let Ok(a) = obj.cast::<PyArray>() {
         return Ok(Imported {
             array: a.get().inner.clone(),
@@ -46,7 +57,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
         });
     }
     if is_capsule(obj) || has_attr(obj, "__dlpack__") {
-        match import_dlpack(obj, consumer) {
+        match import_dlpack(obj, consumer, use_) {
             Ok(imported) => return Ok(imported),
             // A producer whose DLPack export fails or is malformed (BufferError: for example a
             // read-only numpy array under the legacy ABI; ValueError: a descriptor cubridge
@@ -58,7 +69,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
                     && (e.is_instance_of::<PyBufferError>(obj.py())
                         || e.is_instance_of::<PyValueError>(obj.py())) =>
             {
-                if let Ok(Some(array)) = super::cai::import(obj, consumer) {
+                if let Ok(Some(array)) = super::cai::import(obj, consumer, use_) {
                     return Ok(Imported {
                         array,
                         copied: false,
@@ -75,7 +86,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
             Err(e) => return Err(e),
         }
     }
-    if let Some(array) = super::cai::import(obj, consumer)? {
+    if let Some(array) = super::cai::import(obj, consumer, use_)? {
         return Ok(Imported {
             array,
             copied: false,
@@ -98,7 +109,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
 /// CUDA producers (or, through the C exchange table, an event wait on the producer's work
 /// stream); a producer whose `__dlpack__` predates `max_version` (it raises TypeError) is asked
 /// again the legacy way.
-fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> {
+fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Imported> {
     let py = obj.py();
     let consumer_stream = Consumer(consumer);
     let attempt = || -> PyResult<ImportedDlpack> {
@@ -142,10 +153,10 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize) -> PyResult<Imported> 
         ImportedDlpack::Legacy(m) => from_managed(m)?,
         ImportedDlpack::Versioned(m) => from_managed(m)?,
     };
-    // The producer ordered its work before `consumer`; an event there lets later users of the
-    // view wait for it from any stream.
+    // The producer ordered its work before `consumer`; an event there lets later users of a
+    // kept view wait for it from any stream.
     let array = match array.device() {
-        Device::Cuda(n) => {
+        Device::Cuda(n) if use_ == Use::Kept => {
             let event = crate::cuda::stream::Event::record(consumer, n)?;
             array.with_pending(consumer, event)
         }
