@@ -129,3 +129,38 @@ def float_buffer(n=16):
     offset = (-ctypes.addressof(raw)) % 64 // 4
     view = (ctypes.c_float * n).from_buffer(raw, offset * 4)
     return view
+
+
+# The DLPack 1.3 C exchange table (dlpack.h's DLPackExchangeAPI), for calling a producer's
+# functions the way a C consumer would.
+_MANAGED_P = ctypes.POINTER(DLManagedTensorVersioned)
+SET_ERROR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p)
+
+
+class DLPackExchangeAPIHeader(ctypes.Structure):
+    _fields_ = [("version", DLPackVersion), ("prev_api", ctypes.c_void_p)]
+
+
+class DLPackExchangeAPI(ctypes.Structure):
+    _fields_ = [
+        ("header", DLPackExchangeAPIHeader),
+        ("managed_tensor_allocator", ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.POINTER(DLTensor), ctypes.POINTER(_MANAGED_P), ctypes.c_void_p,
+            SET_ERROR)),
+        ("managed_tensor_from_py_object_no_sync", ctypes.PYFUNCTYPE(
+            ctypes.c_int, ctypes.py_object, ctypes.POINTER(_MANAGED_P))),
+        ("managed_tensor_to_py_object_no_sync", ctypes.PYFUNCTYPE(
+            ctypes.c_int, _MANAGED_P, ctypes.POINTER(ctypes.py_object))),
+        ("dltensor_from_py_object_no_sync", ctypes.c_void_p),
+        ("current_work_stream", ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))),
+    ]
+
+
+def exchange_api(cls):
+    """The DLPackExchangeAPI a type publishes in its `__dlpack_c_exchange_api__` capsule."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = get(cls.__dlpack_c_exchange_api__, b"dlpack_exchange_api")
+    return DLPackExchangeAPI.from_address(address)

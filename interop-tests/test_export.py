@@ -193,3 +193,57 @@ def test_jax_array_from_cubridge_survives_deletion():
     del a
     gc.collect()
     assert jax.device_get(j).tolist() == list(range(8))
+
+
+def test_the_c_exchange_table_exports_imports_and_allocates():
+    from dlpack_ctypes import (
+        _MANAGED_P, SET_ERROR, DLDataType, DLDevice, DLTensor, exchange_api,
+    )
+
+    api = exchange_api(cb.Array)
+    assert (api.header.version.major, api.header.version.minor) >= (1, 3)
+    assert api.dltensor_from_py_object_no_sync is None  # no borrowed view is published
+
+    x = cb.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    out = _MANAGED_P()
+    assert api.managed_tensor_from_py_object_no_sync(x, ctypes.byref(out)) == 0
+    t = out.contents.dl_tensor
+    assert t.data == np.asarray(x).ctypes.data  # zero-copy
+    assert (t.ndim, t.shape[0], t.shape[1], t.strides[0], t.strides[1]) == (2, 3, 4, 4, 1)
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (2, 32, 1)
+    # The managed tensor keeps the memory alive after the array is gone.
+    data = t.data
+    del x
+    gc.collect()
+    view = np.ctypeslib.as_array(ctypes.cast(data, ctypes.POINTER(ctypes.c_float)), (12,))
+    np.testing.assert_array_equal(view, np.arange(12, dtype=np.float32))
+
+    # Back into a cubridge.Array, which takes over the managed tensor (its deleter runs once,
+    # when the array goes).
+    obj = ctypes.py_object()
+    assert api.managed_tensor_to_py_object_no_sync(out, ctypes.byref(obj)) == 0
+    back = obj.value
+    assert isinstance(back, cb.Array) and back.shape == (3, 4) and back.dtype == "float32"
+    np.testing.assert_array_equal(np.asarray(back), np.arange(12).reshape(3, 4))
+
+    stream = ctypes.c_void_p(1234)
+    assert api.current_work_stream(1, 0, ctypes.byref(stream)) == 0
+    assert stream.value is None  # the legacy default stream (NULL)
+
+    # The allocator makes a new cubridge array of the prototype's shape, dtype and device, and
+    # reports what it cannot make through the consumer's error callback.
+    errors = []
+    on_error = SET_ERROR(lambda ctx, kind, message: errors.append((kind, message)))
+    shape = (ctypes.c_int64 * 2)(5, 7)
+    prototype = DLTensor(None, DLDevice(1, 0), 2, DLDataType(0, 16, 1), shape, None, 0)
+    fresh = _MANAGED_P()
+    assert api.managed_tensor_allocator(ctypes.byref(prototype), ctypes.byref(fresh), None,
+                                        on_error) == 0
+    t = fresh.contents.dl_tensor
+    assert (t.ndim, t.shape[0], t.shape[1], t.dtype.code, t.dtype.bits) == (2, 5, 7, 0, 16)
+    assert t.data % 64 == 0 and errors == []
+    fresh.contents.deleter(ctypes.cast(fresh, ctypes.c_void_p))
+    prototype.dtype = DLDataType(2, 8, 1)  # no 8-bit float in cubridge
+    assert api.managed_tensor_allocator(ctypes.byref(prototype), ctypes.byref(fresh), None,
+                                        on_error) == -1
+    assert not fresh and len(errors) == 1 and b"8" in errors[0][1]

@@ -257,3 +257,59 @@ impl PyArray {
         unsafe { buffer::release(view) }
     }
 }
+
+// SAFETY: every managed tensor comes from `to_managed`, which gives it its own reference to the
+// array's buffer, released by its deleter exactly once; no borrowed view is published
+// (HAS_DLTENSOR_VIEW is false); `current_work_stream` names the legacy default stream (NULL),
+// which `managed_tensor_no_sync` orders each CUDA array's pending work before.
+unsafe impl dlpark::python::DlpackExchangeProducer for PyArray {
+    fn managed_tensor_no_sync(
+        &self,
+        _py: Python<'_>,
+    ) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        if matches!(self.inner.device(), Device::Cuda(_)) {
+            // cubridge's work stream is the legacy default stream: pending work on any other
+            // stream is ordered before it with an event, without blocking the host.
+            self.inner.order_before(cs::LEGACY)?;
+        }
+        Ok(to_managed(&self.inner, false)?)
+    }
+
+    fn current_work_stream(_py: Python<'_>, _device: DLDevice) -> PyResult<*mut std::ffi::c_void> {
+        Ok(std::ptr::null_mut())
+    }
+
+    fn allocate(
+        prototype: &dlpark::ffi::DLTensor,
+    ) -> Result<Managed<DLManagedTensorVersioned>, String> {
+        let ndim = usize::try_from(prototype.ndim)
+            .ok()
+            .filter(|&n| n <= crate::layout::MAX_NDIM)
+            .ok_or_else(|| format!("ndim {} is outside 0..=64", prototype.ndim))?;
+        if ndim > 0 && prototype.shape.is_null() {
+            return Err("the prototype has a NULL shape".into());
+        }
+        let dims: &[i64] = if ndim == 0 {
+            &[]
+        } else {
+            // SAFETY: the allocator contract: `shape` points to `ndim` extents (checked non-NULL).
+            unsafe { std::slice::from_raw_parts(prototype.shape, ndim) }
+        };
+        let shape = dims
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| format!("negative extent {d}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dtype = crate::dtype::DType::from_dlpack(prototype.dtype).map_err(|e| e.to_string())?;
+        let device = Device::from_dlpack(prototype.device).map_err(|e| e.to_string())?;
+        let array = Array::empty(&shape, dtype, device).map_err(|e| e.to_string())?;
+        to_managed(&array, false).map_err(|e| e.to_string())
+    }
+
+    fn from_managed_tensor_no_sync(
+        py: Python<'_>,
+        tensor: Managed<DLManagedTensorVersioned>,
+    ) -> PyResult<Py<Self>> {
+        let array = crate::view::from_managed(tensor)?;
+        Py::new(py, PyArray::new(array))
+    }
+}

@@ -16,6 +16,8 @@ use pyo3::prelude::*;
 #[pyo3(name = "_cubridge")]
 fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array::PyArray>()?;
+    // The DLPack 1.3 C exchange table, so that consumers which read it skip the Python protocol.
+    dlpark::python::install_exchange_api::<array::PyArray>(m.py())?;
     m.add_class::<types::PyDType>()?;
     m.add_class::<types::PyDevice>()?;
     errors::register(m)?;
