@@ -1,0 +1,101 @@
+"""Per-call host cost of cubridge beside its peers, in one run (wall time, median of 5 rounds):
+
+1. small-call overhead: cubridge.add(a, b, out=c) against torch.add(a, b, out=c) (and
+   cupy.add on the same memory) on 1024-element float32 CUDA tensors, 20 000 calls a round;
+2. exchange, each against its peer:
+   torch.from_dlpack(cubridge array)   vs  torch.from_dlpack(cupy array)
+   cupy.asarray(cubridge array) (CAI)  vs  cupy.asarray(torch tensor) (CAI)
+   cubridge.from_dlpack(torch tensor)  vs  torch.utils.dlpack.from_dlpack(t.__dlpack__())
+
+    python benches/overhead.py [--calls 20000] [--out DIR]
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import cupy as cp
+import torch
+import torch.utils.dlpack
+
+import cubridge as cb
+from _common import header, plot, save_json, versions
+
+
+def per_call(fn, calls, rounds=5):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=20_000)
+    p.add_argument("--out", default=".")
+    args = p.parse_args()
+    info = versions()
+    print(header(info))
+    n = args.calls
+
+    a = torch.randn(1024, device="cuda")
+    b = torch.randn(1024, device="cuda")
+    c = torch.empty(1024, device="cuda")
+    ca, cb_, cc = cp.from_dlpack(a), cp.from_dlpack(b), cp.from_dlpack(c)
+    cb.add(a, b, out=c)
+    torch.cuda.synchronize()
+    assert torch.equal(c, a + b)
+    add = {
+        "torch.add(a, b, out=c)": per_call(lambda: torch.add(a, b, out=c), n),
+        "cupy.add(a, b, out=c)": per_call(lambda: cp.add(ca, cb_, out=cc), n),
+        "cubridge.add(a, b, out=c)": per_call(lambda: cb.add(a, b, out=c), n),
+    }
+    print(f"\nsmall-call overhead, 1024 float32 elements, {n} calls a round")
+    for k, v in add.items():
+        print(f"  {k:28} {v * 1e6:7.2f} us")
+    t_torch = add["torch.add(a, b, out=c)"]
+    print(f"  cubridge / torch time: {add['cubridge.add(a, b, out=c)'] / t_torch:.2f}x "
+          "(goal <= 1.0, target 0.5)")
+
+    x = cb.arange(1024, device="cuda")
+    y = cp.arange(1024, dtype=cp.float32)
+    t = torch.arange(1024, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    assert torch.from_dlpack(x).data_ptr() == x.__cuda_array_interface__["data"][0]
+    assert cp.asarray(x).data.ptr == x.__cuda_array_interface__["data"][0]
+    assert cb.from_dlpack(t).__cuda_array_interface__["data"][0] == t.data_ptr()
+    pairs = [
+        ("torch.from_dlpack(cubridge)", lambda: torch.from_dlpack(x),
+         "torch.from_dlpack(cupy)", lambda: torch.from_dlpack(y)),
+        ("cupy.asarray(cubridge)", lambda: cp.asarray(x),
+         "cupy.asarray(torch)", lambda: cp.asarray(t)),
+        ("cubridge.from_dlpack(torch)", lambda: cb.from_dlpack(t),
+         "torch.utils.dlpack.from_dlpack(t.__dlpack__())",
+         lambda: torch.utils.dlpack.from_dlpack(t.__dlpack__())),
+    ]
+    exchange = []
+    print(f"\nexchange, per call ({n} calls a round)")
+    for ours, f_ours, peer, f_peer in pairs:
+        t_ours, t_peer = per_call(f_ours, n), per_call(f_peer, n)
+        exchange.append({"ours": ours, "peer": peer, "ours_s": t_ours, "peer_s": t_peer,
+                         "ratio": t_ours / t_peer})
+        print(f"  {ours:30} {t_ours * 1e6:7.2f} us   {peer:48} {t_peer * 1e6:7.2f} us   "
+              f"ratio {t_ours / t_peer:.2f}x (goal <= 1.0)")
+    os.makedirs(args.out, exist_ok=True)
+    save_json(os.path.join(args.out, "overhead.json"),
+              {"info": info, "add": add, "exchange": exchange})
+    series = {k: [(1, v * 1e6), (2, v * 1e6)] for k, v in add.items()}
+    plot(os.path.join(args.out, "overhead.png"), "per-call time, 1024 elements", "", "us",
+         series, logx=False)
+
+
+if __name__ == "__main__":
+    main()
