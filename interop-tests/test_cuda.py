@@ -573,6 +573,12 @@ def test_second_gpu():
         cb.add(x, torch.ones(10, device="cuda:0"))
     z = cb.zeros((3,), device="cuda:1")
     assert z.__dlpack_device__() == (2, 1)
+    # Work on cuda:1, and freeing its memory, leaves the caller's current device as it was.
+    torch.cuda.synchronize(0)
+    del z, r, t
+    gc.collect()
+    assert torch.cuda.current_device() == 0
+    assert cb.cuda.Stream().device == 0
 
 
 # ---- reliability on the device: faults, leaks per protocol, threads, the GIL ------------------

@@ -14,11 +14,14 @@ static CONTEXTS: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
 pub fn primary(ordinal: u32) -> Result<sys::CUcontext> {
     let mut table = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
     let i = ordinal as usize;
+    if let Some(Some(ctx)) = table.get(i) {
+        return Ok(*ctx as sys::CUcontext);
+    }
+    // Every driver call goes through a context: without a driver (or for a device that does
+    // not exist) this is where it stops, with an error rather than the loader's panic.
+    crate::cuda::require(crate::Device::Cuda(ordinal))?;
     if table.len() <= i {
         table.resize(i + 1, None);
-    }
-    if let Some(ctx) = table[i] {
-        return Ok(ctx as sys::CUcontext);
     }
     let dev = check(result::device::get(ordinal as i32), "looking up the device")?;
     // SAFETY: `dev` is a valid device handle; the retained context is never released.
@@ -92,4 +95,45 @@ pub fn sm_count(ordinal: u32) -> Result<usize> {
     .max(1) as usize;
     table[i] = Some(n);
     Ok(n)
+}
+
+/// Puts back, when dropped, the context that was current on this thread when it was made.
+/// cubridge binds the primary context of the device it works on; a Python call that works on
+/// another device than the caller's must not leave the caller (and the CUDA runtime that torch
+/// and CuPy read their current device from) on that device. Inert without a driver.
+pub struct Restore(Option<usize>);
+
+impl Restore {
+    /// Remembers the current context (none, when CUDA was never loaded or nothing is bound).
+    pub fn new() -> Restore {
+        if !crate::cuda::is_available() {
+            return Restore(None);
+        }
+        Restore(match result::ctx::get_current() {
+            Ok(Some(ctx)) => Some(ctx as usize),
+            _ => None,
+        })
+    }
+}
+
+impl Default for Restore {
+    fn default() -> Self {
+        Restore::new()
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let Some(before) = self.0 else {
+            return;
+        };
+        if let Ok(Some(now)) = result::ctx::get_current() {
+            if now as usize != before {
+                // SAFETY: `before` was current on this thread when the guard was made; contexts
+                // cubridge binds are primary contexts retained for the process, and others
+                // belong to the caller, who had it current.
+                let _ = unsafe { result::ctx::set_current(before as sys::CUcontext) };
+            }
+        }
+    }
 }

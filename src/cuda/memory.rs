@@ -79,6 +79,8 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
+        // Freeing must not leave this thread on another device than it was.
+        let _restore = context::Restore::new();
         if self.ptr != 0 && context::bind(self.ordinal).is_ok() {
             // SAFETY: allocated by cuMemAlloc in this context, freed only here. cuMemFree waits
             // for work that may still use the memory.
@@ -117,6 +119,8 @@ impl PinnedAlloc {
 
 impl Drop for PinnedAlloc {
     fn drop(&mut self) {
+        // Freeing must not leave this thread on another device than it was.
+        let _restore = context::Restore::new();
         if self.ptr as usize != crate::storage::HOST_ALIGN && context::bind(0).is_ok() {
             // SAFETY: allocated by cuMemHostAlloc, freed only here.
             let _ = unsafe { result::free_host(self.ptr) };
@@ -156,6 +160,8 @@ impl ManagedAlloc {
 
 impl Drop for ManagedAlloc {
     fn drop(&mut self) {
+        // Freeing must not leave this thread on another device than it was.
+        let _restore = context::Restore::new();
         if self.ptr != 0 && context::bind(0).is_ok() {
             // SAFETY: allocated by cuMemAllocManaged, freed only here.
             let _ = unsafe { result::free_sync(self.ptr) };

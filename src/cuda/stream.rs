@@ -130,6 +130,7 @@ impl Drop for Event {
             return;
         }
         drop(spare);
+        let _restore = context::Restore::new();
         if context::bind(self.ordinal).is_ok() {
             // SAFETY: created by `record`, destroyed once; pending waits still complete.
             let _ = unsafe { result::event::destroy(self.raw as sys::CUevent) };

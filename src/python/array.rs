@@ -143,6 +143,7 @@ impl PyArray {
         &self,
         py: Python<'py>,
     ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let _restore = crate::cuda::context::Restore::new();
         super::cai::export(py, &self.inner)
     }
 
@@ -165,6 +166,7 @@ impl PyArray {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
+        let _restore = crate::cuda::context::Restore::new();
         let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
         let own = self.inner.device();
         let target = match request.device() {
@@ -201,6 +203,7 @@ impl PyArray {
 
     /// A numpy array holding a copy of the data.
     fn to_numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let _restore = crate::cuda::context::Restore::new();
         let py = slf.py();
         let array = &slf.get().inner;
         if array.dtype().buffer_format().is_none() {
@@ -224,6 +227,7 @@ impl PyArray {
 
     /// A copy of the array on `device` (always a new array).
     fn to_device(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<PyArray> {
+        let _restore = crate::cuda::context::Restore::new();
         let device = super::types::parse_device(Some(device))?;
         let src = &self.inner;
         Ok(PyArray::new(

@@ -39,6 +39,7 @@ pub fn empty(
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
+    let _restore = crate::cuda::context::Restore::new();
     let a = Array::empty(
         &parse_shape(shape)?,
         dtype_or(dtype, DType::Float32)?,
@@ -55,6 +56,7 @@ pub fn zeros(
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
+    let _restore = crate::cuda::context::Restore::new();
     let a = Array::zeros(
         &parse_shape(shape)?,
         dtype_or(dtype, DType::Float32)?,
@@ -72,6 +74,7 @@ pub fn full(
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
+    let _restore = crate::cuda::context::Restore::new();
     let value = python_scalar(fill_value)?.ok_or_else(|| {
         pyo3::exceptions::PyTypeError::new_err("fill_value must be a bool, int, float or complex")
     })?;
@@ -94,6 +97,7 @@ pub fn arange(
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
+    let _restore = crate::cuda::context::Restore::new();
     let (start, stop) = match stop {
         Some(stop) => (start, stop),
         None => (0.0, start),
@@ -118,6 +122,7 @@ pub fn from_dlpack(
     device: Option<&Bound<'_, PyAny>>,
     copy: Option<bool>,
 ) -> PyResult<PyArray> {
+    let _restore = crate::cuda::context::Restore::new();
     let device = device
         .filter(|d| !d.is_none())
         .map(|d| parse_device(Some(d)))
@@ -137,6 +142,7 @@ pub fn asarray(
     device: Option<&Bound<'_, PyAny>>,
     copy: Option<bool>,
 ) -> PyResult<PyArray> {
+    let _restore = crate::cuda::context::Restore::new();
     let dtype = dtype
         .filter(|d| !d.is_none())
         .map(parse_dtype)
@@ -196,6 +202,7 @@ pub fn add(
     out: Option<&Bound<'_, PyAny>>,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
+    let _restore = crate::cuda::context::Restore::new();
     let explicit = super::stream::parse(stream)?;
     let out = out.filter(|o| !o.is_none());
     let mut objects = vec![a, b];
@@ -270,6 +277,7 @@ pub fn cuda_device_count() -> usize {
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 pub fn cuda_synchronize(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let _restore = crate::cuda::context::Restore::new();
     let device = match device.filter(|d| !d.is_none()) {
         None => crate::cuda::current_device()?,
         Some(d) => parse_device(Some(d))?,

@@ -96,6 +96,7 @@ impl PyStream {
     #[new]
     #[pyo3(signature = (device=None))]
     fn new(device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let _restore = crate::cuda::context::Restore::new();
         let ordinal = match device.filter(|d| !d.is_none()) {
             None => match crate::cuda::current_device()? {
                 crate::Device::Cuda(n) => n,
