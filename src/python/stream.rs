@@ -95,7 +95,7 @@ pub struct PyStream {
 impl PyStream {
     #[new]
     #[pyo3(signature = (device=None))]
-    fn new(device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn new(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let _restore = crate::cuda::context::Restore::new();
         let ordinal = match device.filter(|d| !d.is_none()) {
             None => match crate::cuda::current_device()? {
@@ -113,10 +113,9 @@ impl PyStream {
             },
         };
         crate::cuda::require(crate::Device::Cuda(ordinal))?;
-        Ok(PyStream {
-            handle: cs::create(ordinal)?,
-            ordinal,
-        })
+        // The driver may block (it takes its own locks); never hold the GIL across that.
+        let handle = py.detach(|| cs::create(ordinal))?;
+        Ok(PyStream { handle, ordinal })
     }
 
     /// The `CUstream` handle.
