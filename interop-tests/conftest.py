@@ -6,12 +6,22 @@ the reason, and CUDA tests are marked ``cuda`` and skip cleanly where no GPU is 
 
 import importlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
 import cubridge as cb
+
+
+def run_child(code, env=None):
+    """Runs `code` in a new Python process; asserts it exited cleanly and returns the result
+    (stdout and stderr as text)."""
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done
 
 
 def _try_import(name):

@@ -4,13 +4,11 @@ GPU is present. Every value is compared with numpy (host copies) or torch."""
 
 import gc
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
-from conftest import NUMPY_DTYPES, _try_import, sample, torch
+from conftest import NUMPY_DTYPES, _try_import, run_child, sample, torch
 
 import cubridge as cb
 
@@ -521,8 +519,7 @@ def test_interpreter_exits_cleanly_with_live_exports():
         "keep = [a, t, cap, r]\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done = run_child(code)
     assert done.stdout.strip() == "ok" and "Error" not in done.stderr
 
 
@@ -543,14 +540,13 @@ def test_kernels_are_cached_on_disk(tmp_path):
         "print(torch.from_dlpack(cb.add(a, a)).tolist())\n"
     )
     env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
-    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr
+    first = run_child(code, env)
     assert first.stdout.strip() == "[2, 2, 2, 2]"
     cached = sorted(p.name for p in tmp_path.iterdir())
     assert cached and all(n.endswith(".ptx") for n in cached)
     mtimes = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
-    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert second.returncode == 0, second.stderr
+    second = run_child(code, env)
+    assert second.stdout.strip() == "[2, 2, 2, 2]"
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == mtimes
 
 
@@ -622,8 +618,7 @@ def test_driver_errors_surface_as_cuda_error():
         "except cb.CudaError as e:\n"
         "    print('CudaError:', e)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done = run_child(code)
     assert done.stdout.startswith("CudaError:"), done.stdout + done.stderr
     assert "CUDA_ERROR_" in done.stdout
 

@@ -4,14 +4,12 @@ and concurrency. The CUDA parts live in test_cuda.py."""
 
 import gc
 import os
-import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
-from conftest import needs_torch, torch
+from conftest import needs_torch, run_child, torch
 from dlpack_ctypes import float_buffer, make_capsule
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -102,8 +100,7 @@ def test_interpreter_exits_cleanly_with_live_exports():
         "keep = [a, n, cap, v, m]\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done = run_child(code)
     assert done.stdout.strip() == "ok" and done.stderr == ""
 
 
