@@ -247,3 +247,30 @@ def test_the_c_exchange_table_exports_imports_and_allocates():
     assert api.managed_tensor_allocator(ctypes.byref(prototype), ctypes.byref(fresh), None,
                                         on_error) == -1
     assert not fresh and len(errors) == 1 and b"8" in errors[0][1]
+
+
+def test_as_strided_and_transpose_are_views_checked_against_numpy():
+    base = np.arange(35, dtype=np.int16).reshape(5, 7)
+    a = cb.asarray(base, copy=True)
+    cases = [((3, 4), (7, 1), 9), ((3, 4), (7, -1), 12), ((3, 4), (0, 1), 0), ((), (), 34),
+             ((0, 4), (7, 1), 5), ((4, 3), (1, 7), 0)]  # fmt: skip
+    for shape, strides, offset in cases:
+        v = a.as_strided(shape, strides, offset)
+        expected = np.lib.stride_tricks.as_strided(
+            base.reshape(-1)[offset:], shape, [s * 2 for s in strides]
+        ) if not any(s < 0 for s in strides) else base[1:4, 5:1:-1]
+        np.testing.assert_array_equal(np.from_dlpack(v), expected)
+        assert v.shape == shape and v.strides == strides
+        if v.size:
+            assert v.data_ptr == a.data_ptr + 2 * offset
+    t = a.T
+    assert t.shape == (7, 5) and t.strides == (1, 7) and t.data_ptr == a.data_ptr
+    np.testing.assert_array_equal(np.from_dlpack(t), base.T)
+    # A view keeps the memory alive and refuses to reach outside it.
+    view = a.as_strided((3,), (1,), 32)
+    del a
+    np.testing.assert_array_equal(view.to_numpy(), [32, 33, 34])
+    for shape, strides, offset in [((36,), (1,), 0), ((2,), (1,), -1), ((3,), (1,), 1),
+                                   ((2,), (-1,), 0), ((-1,), (1,), 0), ((2, 2), (1,), 0)]:  # fmt: skip
+        with pytest.raises(ValueError):
+            view.as_strided(shape, strides, offset)

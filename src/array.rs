@@ -201,6 +201,48 @@ impl Array {
         })
     }
 
+    /// The same memory with the dimensions in reverse order (a transpose of a matrix).
+    pub fn transposed(&self) -> Array {
+        Array {
+            layout: self.layout.transposed(),
+            ..self.clone()
+        }
+    }
+
+    /// A view of the same memory through another layout: `shape` and `strides` in elements, the
+    /// first element `offset` elements away from this array's first element. Every element the
+    /// new layout reaches must lie within the bytes this array's own elements span (from its
+    /// lowest to its highest element), so a view never reaches memory the array does not cover;
+    /// an empty view may start anywhere in that span.
+    pub fn as_strided(&self, shape: &[usize], strides: &[isize], offset: isize) -> Result<Array> {
+        let item = self.dtype.itemsize() as isize;
+        let outside = || {
+            Error::invalid(format!(
+                "as_strided(shape={shape:?}, strides={strides:?}, offset={offset}) reaches outside \
+                 the memory of this array (shape {:?}, strides {:?})",
+                self.shape(),
+                self.strides()
+            ))
+        };
+        let byte_offset = offset
+            .checked_mul(item)
+            .and_then(|b| b.checked_add(self.layout.byte_offset() as isize))
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(outside)?;
+        let layout = Layout::new(shape.to_vec(), strides.to_vec(), byte_offset)?;
+        let own = self.layout.byte_extent(self.dtype.itemsize())?;
+        match (layout.byte_extent(self.dtype.itemsize())?, own) {
+            (Some((start, end)), Some((lo, hi))) if start >= lo && end <= hi => {}
+            (None, Some((lo, hi))) if (lo..=hi).contains(&(byte_offset as isize)) => {}
+            (None, None) if offset == 0 => {}
+            _ => return Err(outside()),
+        }
+        Ok(Array {
+            layout,
+            ..self.clone()
+        })
+    }
+
     /// The absolute address range `[start, end)` the elements occupy, or `None` when empty.
     pub fn address_range(&self) -> Option<(usize, usize)> {
         let (start, end) = self
@@ -232,6 +274,37 @@ mod tests {
             24
         );
         assert!(Array::empty(&[usize::MAX, 2], DType::Int8, Device::Cpu).is_err());
+    }
+
+    #[test]
+    fn strided_views_stay_inside_the_array() {
+        let a = Array::zeros(&[5, 7], DType::Int16, Device::Cpu).unwrap();
+        // A slice a[1:4, 2:6], its reversed columns, a transpose and a broadcast row.
+        let s = a.as_strided(&[3, 4], &[7, 1], 9).unwrap();
+        assert_eq!(s.data_ptr() as usize - a.data_ptr() as usize, 18);
+        let r = s.as_strided(&[3, 4], &[7, -1], 3).unwrap();
+        assert_eq!(r.data_ptr() as usize - s.data_ptr() as usize, 6);
+        assert_eq!(r.address_range(), s.address_range());
+        let t = s.transposed();
+        assert_eq!((t.shape(), t.strides()), (&[4, 3][..], &[1, 7][..]));
+        assert_eq!(t.data_ptr(), s.data_ptr());
+        assert_eq!(
+            a.as_strided(&[3, 7], &[0, 1], 0).unwrap().strides(),
+            &[0, 1]
+        );
+        assert!(a.as_strided(&[0, 4], &[7, 1], 34).unwrap().numel() == 0);
+        // One element past the end, before the start, past a slice's own span, an offset that
+        // overflows, or mismatched lengths: all refused.
+        assert!(a.as_strided(&[36], &[1], 0).is_err());
+        assert!(a.as_strided(&[2], &[1], -1).is_err());
+        assert!(s.as_strided(&[3, 5], &[7, 1], 0).is_err());
+        assert!(s.as_strided(&[3, 4], &[7, -1], 0).is_err());
+        assert!(a.as_strided(&[1], &[1], isize::MAX).is_err());
+        assert!(a.as_strided(&[2, 2], &[1], 0).is_err());
+        assert!(a.as_strided(&[0], &[1], 36).is_err());
+        let empty = Array::zeros(&[0], DType::Int16, Device::Cpu).unwrap();
+        assert!(empty.as_strided(&[1], &[1], 0).is_err());
+        assert!(empty.as_strided(&[0, 3], &[3, 1], 0).is_ok());
     }
 
     #[test]

@@ -244,6 +244,15 @@ impl Layout {
                 .any(|(&d, &s)| d > 1 && s == 0)
     }
 
+    /// The same elements with the dimensions in reverse order.
+    pub fn transposed(&self) -> Layout {
+        Layout {
+            shape: self.shape.iter().rev().copied().collect(),
+            strides: self.strides.iter().rev().copied().collect(),
+            byte_offset: self.byte_offset,
+        }
+    }
+
     /// This layout broadcast to `shape` (numpy rules): new leading dimensions and stretched
     /// size-1 dimensions get stride 0.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Layout> {

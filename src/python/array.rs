@@ -201,6 +201,31 @@ impl PyArray {
         }
     }
 
+    /// A view of the same memory with another shape and strides (in elements, any sign), its
+    /// first element `offset` elements from this array's first element. The view must stay
+    /// within the memory this array's elements span; it keeps the memory alive and shares the
+    /// array's pending work and read-only flag.
+    #[pyo3(signature = (shape, strides, offset=0))]
+    fn as_strided(&self, shape: Vec<i64>, strides: Vec<isize>, offset: isize) -> PyResult<PyArray> {
+        let shape = shape
+            .iter()
+            .map(|&d| {
+                usize::try_from(d).map_err(|_| {
+                    Error::invalid(format!("shape {shape:?} has a negative dimension"))
+                })
+            })
+            .collect::<Result<Vec<usize>, Error>>()?;
+        Ok(PyArray::new(
+            self.inner.as_strided(&shape, &strides, offset)?,
+        ))
+    }
+
+    /// The transpose: the same memory with the dimensions in reverse order.
+    #[getter(T)]
+    fn transpose(&self) -> PyArray {
+        PyArray::new(self.inner.transposed())
+    }
+
     /// A numpy array holding a copy of the data.
     fn to_numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let _restore = crate::cuda::context::Restore::new();
