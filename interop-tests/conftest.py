@@ -91,3 +91,55 @@ def torch_sample(shape, dtype, seed=0):
 @pytest.fixture
 def cb_module():
     return cb
+
+
+# --- the interop matrix's record (test_matrix.py; matrix_report.py reads it) -----------------
+
+_MATRIX = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--matrix-json",
+        default=None,
+        help="write each interop-matrix cell's outcome to this JSON file (see matrix_report.py)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    callspec = getattr(item, "callspec", None)
+    cell = callspec.params.get("cell") if callspec else None
+    if cell is None or not hasattr(cell, "as_dict"):
+        return
+    if report.when != "call" and not (report.skipped or report.failed):
+        return
+    if hasattr(report, "wasxfail"):
+        result = "unsupported"
+    else:
+        result = report.outcome  # passed, failed, skipped
+    record = {"cell": cell.as_dict(), "id": cell.id, "outcome": result}
+    props = dict(item.user_properties)
+    if "limit" in props:
+        record["limit"] = props["limit"]
+    if result == "skipped":
+        record["reason"] = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+    if result == "failed":
+        record["error"] = str(report.longrepr)[-1500:]
+    _MATRIX.setdefault(cell.id, record)
+    if result == "failed":
+        _MATRIX[cell.id] = record
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--matrix-json")
+    if not path or not _MATRIX:
+        return
+    import json
+
+    import matrix_report
+
+    with open(path, "w") as f:
+        json.dump({"environment": matrix_report.environment(), "cells": list(_MATRIX.values())}, f)

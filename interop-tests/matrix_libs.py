@@ -1,0 +1,806 @@
+"""The interop matrix's definition: which cells exist, how each library makes, hands over, takes
+in and reads back an array, and the limits of other libraries (and of the protocols) that a cell
+may run into.
+
+test_matrix.py runs the cells; matrix_report.py turns a run into MATRIX.md. Both take the list of
+cells from `cells()`, so a cell that a run did not reach shows as "not run", never as a pass.
+
+Words used throughout:
+- producer: the library whose array is handed over; consumer: the library that takes it in.
+- protocol: how it is handed over. `dlpack-legacy` and `dlpack-versioned` pin the capsule kind
+  whatever the consumer asks for; `exchange-table` hands over the producer object itself to a
+  consumer that must read `__dlpack_c_exchange_api__` (its `__dlpack__` is disabled meanwhile);
+  `cai` exposes only `__cuda_array_interface__`; `buffer` is a `memoryview`.
+- a limit: something another library (or a protocol) cannot do. A cell that meets one is
+  recorded as "not supported by X" only when the library raises the error declared here (or the
+  declared copy/legacy-capsule behaviour is seen); anything else is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import re
+
+import numpy as np
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - jax brings it; without it bfloat16 cells do not run
+    ml_dtypes = None
+
+import cubridge as cb
+
+LIBRARIES = ["cubridge", "numpy", "torch", "cupy", "jax", "numba"]
+PROTOCOLS = ["dlpack-legacy", "dlpack-versioned", "exchange-table", "cai", "buffer"]
+DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+]  # fmt: skip
+LAYOUT_DTYPES = ["float32", "float16"]
+LAYOUTS = ["contiguous", "transposed", "sliced", "negative", "broadcast", "0-d", "empty"]
+DEVICES = ["cpu", "cuda:0", "cuda:1", "cuda_host", "cuda_managed"]
+STREAM_MODES = ["default", "side", "none"]
+CUDA_DEVICES = {"cuda:0", "cuda:1", "cuda_managed"}
+HOST_DEVICES = {"cpu", "cuda_host", "cuda_managed"}
+
+# Each layout: the base array a producer allocates, and what it does to it. Every layout but
+# 0-d and empty ends at shape (3, 4).
+LAYOUT_BASE = {
+    "contiguous": (3, 4),
+    "transposed": (4, 3),
+    "sliced": (5, 7),
+    "negative": (3, 4),
+    "broadcast": (4,),
+    "0-d": (),
+    "empty": (0, 4),
+}
+
+
+def numpy_layout(base, layout):
+    """The reference: what each layout means, in numpy."""
+    if layout == "transposed":
+        return base.T
+    if layout == "sliced":
+        return base[1:4, 2:6]
+    if layout == "negative":
+        return base[:, ::-1]
+    if layout == "broadcast":
+        return np.lib.stride_tricks.as_strided(base, (3, 4), (0, base.itemsize))
+    return base
+
+
+def np_dtype(name):
+    if name == "bfloat16":
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def reference_base(dtype, shape, seed=0):
+    """Deterministic values of `dtype` (bfloat16 values are exact float32 values rounded once)."""
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(0, 60, size=shape).astype(dtype)
+    if dtype.startswith("complex"):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    values = rng.standard_normal(shape).astype(np.float32)
+    return values.astype(np_dtype(dtype))
+
+
+def comparable(a):
+    """A numpy array whose == is exact for every dtype (bfloat16 widened, exactly, to float32)."""
+    a = np.asarray(a)
+    if ml_dtypes is not None and a.dtype == np.dtype(ml_dtypes.bfloat16):
+        return a.astype(np.float32)
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One claim: `producer`'s array reaches `consumer` through `protocol`, zero-copy and intact
+    (kind "transfer" and "stream"), or cubridge.add reads x and y and writes out (kind "add")."""
+
+    kind: str  # "transfer", "stream" or "add"
+    group: str  # which slice of the matrix: dtypes, layouts, devices, streams, add-*
+    producer: str  # for add: "x,y,out" producers
+    consumer: str
+    protocol: str
+    dtype: str
+    layout: str
+    device: str
+    stream: str = "default"
+
+    @property
+    def id(self):
+        parts = [self.group, f"{self.producer}->{self.consumer}", self.protocol, self.dtype]
+        parts += [self.layout, self.device]
+        if self.kind == "stream":
+            parts.append(f"stream={self.stream}")
+        return "|".join(parts)
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+CPU_ONLY = {"numpy"}
+DEVICE_ONLY = {"cupy", "numba"}
+
+
+def producer_devices(lib):
+    return {
+        "cubridge": set(DEVICES),
+        "numpy": {"cpu"},
+        "torch": {"cpu", "cuda:0", "cuda:1", "cuda_host"},
+        "cupy": {"cuda:0", "cuda:1", "cuda_managed"},
+        "numba": {"cuda:0", "cuda:1", "cuda_managed"},
+        "jax": {"cpu", "cuda:0", "cuda:1"},
+    }[lib]
+
+
+def not_applicable(cell):
+    """Why a cell cannot exist (a library does not play that part at all), or None."""
+    p, c, proto, dev = cell.producer, cell.consumer, cell.protocol, cell.device
+    if dev not in producer_devices(p):
+        return {
+            "numpy": "numpy arrays live on the host",
+            "jax": "jax has no pinned or managed arrays",
+            "torch": "torch has no managed-memory allocator",
+        }.get(p, f"{p} arrays live on CUDA devices")
+    if c in CPU_ONLY and dev in {"cuda:0", "cuda:1"}:
+        return f"{c} reads host memory only"
+    if c in DEVICE_ONLY and dev in {"cpu", "cuda_host"}:
+        return f"{c} arrays live on CUDA devices"
+    if proto == "cai" and dev not in CUDA_DEVICES:
+        return "the CUDA array interface describes device memory"
+    if proto == "cai" and c in CPU_ONLY:
+        return f"{c} does not read the CUDA array interface"
+    if proto == "buffer" and dev not in HOST_DEVICES:
+        return "the buffer protocol describes host memory"
+    if proto == "buffer" and c in DEVICE_ONLY:
+        return f"{c} copies host memory to the device"
+    if proto == "exchange-table" and p == "cubridge" and c == "cubridge":
+        return "cubridge takes its own arrays directly (its table is tested through ctypes)"
+    if p == "jax" and cell.layout in {"transposed", "sliced", "negative", "broadcast"}:
+        return "jax arrays are always compact: a jax transpose or slice is a new array"
+    if p == "numba" and cell.layout == "broadcast":
+        return "numba has no broadcast view of a device array"
+    return None
+
+
+def add_not_applicable(cell):
+    px, py, pz = cell.producer.split(",")
+    for p in (px, py, pz):
+        if cell.device not in producer_devices(p):
+            return f"{p} has no arrays on {cell.device}"
+    if pz == "jax":
+        return "jax arrays are immutable: not an `out`"
+    for p in (px, py):
+        if p == "jax" and cell.layout in {"transposed", "sliced", "negative", "broadcast"}:
+            return "jax arrays are always compact"
+        if p == "numba" and cell.layout == "broadcast":
+            return "numba has no broadcast view of a device array"
+    return None
+
+
+def _transfers(group, dtypes, layouts, devices, protocols=PROTOCOLS):
+    for device in devices:
+        for dtype in dtypes:
+            for layout in layouts:
+                for p in LIBRARIES:
+                    for c in LIBRARIES:
+                        for proto in protocols:
+                            yield Cell("transfer", group, p, c, proto, dtype, layout, device)
+
+
+def cells():
+    """Every cell of the matrix, applicable or not, in a fixed order."""
+    out = []
+    out += _transfers("dtypes", DTYPES, ["contiguous"], ["cpu", "cuda:0"])
+    out += _transfers("layouts", LAYOUT_DTYPES, LAYOUTS, ["cpu", "cuda:0"])
+    out += _transfers("devices", ["float32"], ["contiguous"], ["cuda:1", "cuda_host", "cuda_managed"])
+    cuda_libs = ["cubridge", "torch", "cupy", "numba", "jax"]
+    for mode in STREAM_MODES:
+        for p in cuda_libs:
+            for c in cuda_libs:
+                for proto in ["dlpack-versioned", "cai"]:
+                    if mode == "none" and proto == "cai":
+                        continue  # -1 ("no ordering") is a DLPack request
+                    out.append(Cell("stream", "streams", p, c, proto, "float32", "contiguous", "cuda:0", mode))
+    for device, libs in [("cpu", ["cubridge", "numpy", "torch", "jax"]), ("cuda:0", cuda_libs)]:
+        for x in libs:
+            for y in libs:
+                for z in libs:
+                    out.append(Cell("add", "add-producers", f"{x},{y},{z}", "cubridge", "-", "float32", "contiguous", device))
+        for p in libs:
+            z = "cubridge" if p == "jax" else p
+            for dtype in DTYPES:
+                out.append(Cell("add", "add-dtypes", f"{p},{p},{z}", "cubridge", "-", dtype, "contiguous", device))
+            for layout in LAYOUTS:
+                out.append(Cell("add", "add-layouts", f"{p},{p},{z}", "cubridge", "-", "float32", layout, device))
+    return out
+
+
+def why_not_applicable(cell):
+    return add_not_applicable(cell) if cell.kind == "add" else not_applicable(cell)
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits: what another library, or a protocol, cannot do. cubridge never appears as a holder.
+
+
+class Copied(Exception):
+    """The consumer's array does not share the producer's memory."""
+
+
+class WrongShape(Exception):
+    """The consumer's array has another shape than the producer's."""
+
+
+class LegacyCapsule(Exception):
+    """Asked for a versioned DLPack capsule, the producer returned a legacy one."""
+
+
+class NoStream(Exception):
+    """A CUDA array interface without a `stream` entry: consumers cannot order after it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    holder: str  # who cannot: a library or a protocol (never cubridge)
+    lib: str  # whose step raises
+    role: str  # "producer" or "consumer"
+    errors: tuple  # exception classes (names, matched against the class and its bases)
+    match: str  # regex on the message
+    reason: str
+    when: object = None  # predicate on the cell
+
+    def applies(self, cell, lib, role, exc):
+        if lib != self.lib or role != self.role:
+            return False
+        if self.when is not None and not self.when(cell):
+            return False
+        names = {k.__name__ for k in type(exc).__mro__}
+        if not names & set(self.errors):
+            return False
+        return re.search(self.match, str(exc), re.S) is not None
+
+
+def _dtype_is(*names):
+    return lambda cell: cell.dtype in names
+
+
+def _proto_is(*names):
+    return lambda cell: cell.protocol in names
+
+
+def _all(*preds):
+    return lambda cell: all(p(cell) for p in preds)
+
+
+def _layout_is(*names):
+    return lambda cell: cell.layout in names
+
+
+NOT_BUFFER_PROTOCOL = ("TypeError",)
+LIMITS = [
+    # numpy
+    Limit("numpy", "numpy", "producer", ("BufferError",), "DLPack only supports",
+          "numpy's DLPack export has no bfloat16", _dtype_is("bfloat16")),
+    Limit("numpy", "numpy", "consumer", ("RuntimeError", "BufferError", "TypeError"),
+          "Unsupported dtype|dtype", "numpy has no bfloat16", _dtype_is("bfloat16")),
+    Limit("numpy", "numpy", "consumer", ("BufferError", "RuntimeError"), "[Uu]nsupported device",
+          "numpy reads DLPack host memory of device types 1, 3 and 13 only"),
+    Limit("numpy", "cubridge", "consumer", ("BufferError",), "DLPack only supports",
+          "numpy's DLPack export has no bfloat16", _dtype_is("bfloat16")),
+    # the buffer protocol and the CUDA array interface
+    Limit("the buffer protocol", "numpy", "producer", ("ValueError",), "cannot include dtype",
+          "PEP 3118 has no bfloat16 format", _dtype_is("bfloat16")),
+    Limit("the buffer protocol", "cubridge", "producer", ("BufferError",), "bfloat16",
+          "PEP 3118 has no bfloat16 format", _dtype_is("bfloat16")),
+    Limit("the buffer protocol", "jax", "producer", ("BufferError", "Exception"), "BF16",
+          "PEP 3118 has no bfloat16 format", _dtype_is("bfloat16")),
+    Limit("the CUDA array interface", "cubridge", "producer", ("TypeError",), "no typestr",
+          "numpy typestrs have no bfloat16", _dtype_is("bfloat16")),
+    # torch
+    Limit("torch", "torch", "producer", ("RuntimeError",), "[Nn]egative strides",
+          "torch tensors cannot have negative strides", _layout_is("negative")),
+    Limit("torch", "torch", "consumer", ("RuntimeError", "BufferError", "ValueError"),
+          "[Nn]egative strides|[Ss]torage size calculation overflowed",
+          "torch tensors cannot have negative strides", _layout_is("negative")),
+    Limit("torch", "torch", "producer", NOT_BUFFER_PROTOCOL, "bytes-like object is required",
+          "torch tensors do not implement the buffer protocol", _proto_is("buffer")),
+    Limit("torch", "torch", "consumer", ("WrongShape",), "",
+          "torch.asarray reads a buffer as flat bytes: the shape is lost", _proto_is("buffer")),
+    Limit("torch", "torch", "consumer", ("ValueError",), "buffer length \\(0\\)",
+          "torch.asarray refuses empty buffers", _proto_is("buffer")),
+    Limit("torch", "torch", "consumer", ("RuntimeError",), "non-contiguous buffers",
+          "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
+    Limit("torch", "torch", "consumer", ("TypeError", "RuntimeError", "AttributeError"),
+          "invalid capsule|__dlpack__", "torch.from_dlpack does not read the C exchange table", _proto_is("exchange-table")),
+    # jax
+    Limit("jax", "jax", "producer", ("LegacyCapsule",), "",
+          "jax returns legacy capsules when asked for versioned ones", _proto_is("dlpack-versioned")),
+    Limit("jax", "jax", "consumer", ("Exception",), 'name "dltensor", got "dltensor_versioned"',
+          "jax reads legacy capsules only", _proto_is("dlpack-versioned")),
+    Limit("jax", "jax", "consumer", ("Copied",), "",
+          "jax copies host memory it is handed (alignment and layout rules of its CPU client)"),
+    Limit("jax", "jax", "consumer", ("Exception",), "trivial \\(compact\\) striding",
+          "jax reads only compact (transposed at most) DLPack strides",
+          _layout_is("negative", "broadcast", "sliced")),
+    Limit("jax", "jax", "consumer", ("TypeError",), "__dlpack__",
+          "jax.numpy.from_dlpack does not read the C exchange table", _proto_is("exchange-table")),
+]
+LIMITS += [
+    Limit("cupy", "cupy", "producer", ("Exception",), "bfloat16|dtype",
+          "cupy has no bfloat16 dtype", _dtype_is("bfloat16")),
+    Limit("numba", "numba", "producer", ("Exception",), "bfloat16|dtype|type",
+          "numba has no bfloat16 dtype", _dtype_is("bfloat16")),
+    Limit("numba", "numba", "consumer", ("AttributeError",), "from_dlpack",
+          "numba reads only the CUDA array interface", _proto_is("dlpack-legacy", "dlpack-versioned")),
+    Limit("numba", "numba", "producer", ("AttributeError",), "__dlpack",
+          "numba device arrays offer no DLPack export", _proto_is("dlpack-legacy", "dlpack-versioned")),
+]
+for _lib in ("numpy", "jax", "cupy", "numba", "torch"):
+    LIMITS.append(
+        Limit(_lib, _lib, "producer", ("AttributeError",), "__dlpack_c_exchange_api__",
+              f"{_lib} offers no C exchange table", _proto_is("exchange-table"))
+    )
+for _lib in ("numpy", "cupy", "numba"):
+    LIMITS.append(
+        Limit(_lib, _lib, "consumer", ("TypeError", "AttributeError", "ValueError"), "__dlpack__",
+              f"{_lib} does not read the C exchange table", _proto_is("exchange-table"))
+    )
+assert not [lim for lim in LIMITS if lim.holder == "cubridge"]
+
+
+def find_limit(cell, lib, role, exc):
+    for lim in LIMITS:
+        if lim.applies(cell, lib, role, exc):
+            return lim
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocol handles
+
+
+def capsule_name(capsule):
+    m = re.match(r'<capsule object "([^"]+)"', repr(capsule))
+    return m.group(1) if m else None
+
+
+class _Pinned:
+    """A DLPack producer that pins the capsule kind. The producer's own `__dlpack__` runs inside
+    the consumer's call; an error it raises there is kept in `producer_error`, so that the cell
+    blames the producer, not the consumer that passed it on."""
+
+    def __init__(self, obj):
+        self._device = obj.__dlpack_device__()
+        self._export = obj.__dlpack__
+        self.producer_error = None
+
+    def __dlpack_device__(self):
+        return self._device
+
+    def _call(self, **kwargs):
+        try:
+            return self._export(**kwargs)
+        except Exception as e:
+            self.producer_error = e
+            raise
+
+
+class LegacyOnly(_Pinned):
+    """Hands over the producer's legacy capsule whatever the consumer asks for."""
+
+    def __dlpack__(self, stream=None, **_ignored):
+        capsule = self._call() if stream is None else self._call(stream=stream)
+        if capsule_name(capsule) != "dltensor":
+            self.producer_error = AssertionError(f"a {capsule_name(capsule)!r} capsule")
+            raise self.producer_error
+        return capsule
+
+
+class VersionedOnly(_Pinned):
+    """Hands over a versioned capsule whatever the consumer asks for."""
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        kwargs = {"max_version": max_version if max_version and max_version >= (1, 0) else (1, 0)}
+        if stream is not None:
+            kwargs["stream"] = stream
+        if dl_device is not None:
+            kwargs["dl_device"] = dl_device
+        if copy is not None:
+            kwargs["copy"] = copy
+        capsule = self._call(**kwargs)
+        if capsule_name(capsule) != "dltensor_versioned":
+            self.producer_error = LegacyCapsule(f"asked for versioned, got {capsule_name(capsule)!r}")
+            raise self.producer_error
+        return capsule
+
+
+class TableOnly:
+    """Offers only the producer's C exchange table (for consumers that do not read it, which then
+    say so; the table's functions are never called through this object)."""
+
+    def __init__(self, obj):
+        self.__dlpack_c_exchange_api__ = type(obj).__dlpack_c_exchange_api__
+
+
+class CAIOnly:
+    """Offers only the producer's CUDA array interface."""
+
+    def __init__(self, obj):
+        self.__cuda_array_interface__ = obj.__cuda_array_interface__
+
+
+class Fixed:
+    """Hands over a capsule made earlier, whatever the consumer asks for."""
+
+    def __init__(self, capsule, device):
+        self._capsule, self._device = capsule, device
+
+    def __dlpack_device__(self):
+        return self._device
+
+    def __dlpack__(self, **_ignored):
+        return self._capsule
+
+
+@contextlib.contextmanager
+def torch_dlpack_disabled():
+    """torch.Tensor.__dlpack__ raises meanwhile, so an import that works used the table."""
+    torch = importlib.import_module("torch")
+    saved = torch.Tensor.__dlpack__
+
+    def refuse(*_a, **_k):
+        raise AssertionError("__dlpack__ was called: the C exchange table was not used")
+
+    torch.Tensor.__dlpack__ = refuse
+    try:
+        yield
+    finally:
+        torch.Tensor.__dlpack__ = saved
+
+
+def handle(obj, protocol, producer, consumer):
+    """What the consumer is given. Runs as the producer's step (its errors are its limits)."""
+    if protocol == "dlpack-legacy":
+        return LegacyOnly(obj)
+    if protocol == "dlpack-versioned":
+        return VersionedOnly(obj)
+    if protocol == "exchange-table":
+        table = type(obj).__dlpack_c_exchange_api__
+        assert capsule_name(table) == "dlpack_exchange_api", table
+        return obj if consumer == "cubridge" else TableOnly(obj)
+    if protocol == "cai":
+        return CAIOnly(obj)
+    if protocol == "buffer":
+        return memoryview(obj)
+    raise ValueError(protocol)
+
+
+# ---------------------------------------------------------------------------------------------
+# Libraries
+
+
+def _import(name):
+    try:
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - any import failure means "not available here"
+        return None
+
+
+def gpu_index(device):
+    return int(device.split(":")[1]) if device.startswith("cuda:") else 0
+
+
+def cuda_count():
+    return cb.cuda.device_count() if cb.cuda.is_available() else 0
+
+
+class Lib:
+    name = ""
+    module = None
+
+    def missing(self, device):
+        """Why this library cannot run here on `device` (a reason to skip), or None."""
+        if self.module is None:
+            return f"{self.name} is not installed"
+        if device != "cpu" and cuda_count() == 0:
+            return "no CUDA device"
+        if device == "cuda:1" and cuda_count() < 2:
+            return "cuda:1 needs two GPUs"
+        return None
+
+    def view(self, x, layout):
+        """The layout's view of the base array `x`, with the library's own operations."""
+        if layout == "transposed":
+            return x.T
+        if layout == "sliced":
+            return x[1:4, 2:6]
+        if layout == "negative":
+            return x[:, ::-1]
+        if layout == "broadcast":
+            return self.broadcast(x)
+        return x
+
+    def scribble(self, nbytes, device):
+        """New arrays of the producer's, filled with 0x5A, to reuse memory just freed."""
+        return [self.make(np.full(max(nbytes, 1), 0x5A, np.uint8), device) for _ in range(4)]
+
+    def device_index(self, x):
+        return None
+
+    @contextlib.contextmanager
+    def current(self, stream):
+        yield
+
+
+class Cubridge(Lib):
+    name = "cubridge"
+    module = cb
+
+    def make(self, base, device):
+        if base.dtype == np_dtype("bfloat16"):
+            return cb.asarray(base.astype(np.float32), dtype="bfloat16", device=device)
+        return cb.asarray(base, device=device, copy=True)
+
+    def view(self, x, layout):
+        if layout == "transposed":
+            return x.T
+        if layout == "sliced":
+            return x.as_strided((3, 4), (7, 1), 9)
+        if layout == "negative":
+            return x.as_strided((3, 4), (4, -1), 3)
+        if layout == "broadcast":
+            return x.as_strided((3, 4), (0, 1), 0)
+        return x
+
+    def ptr(self, x):
+        return x.data_ptr
+
+    def read(self, x):
+        if str(x.dtype) == "bfloat16":
+            return cb.asarray(x, dtype="float32").to_numpy().astype(np_dtype("bfloat16"))
+        return x.to_numpy()
+
+    def consume(self, h, protocol, device):
+        if protocol in ("cai", "buffer"):
+            return cb.asarray(h, copy=False)
+        if protocol == "exchange-table":
+            with torch_dlpack_disabled():
+                return cb.from_dlpack(h)
+        return cb.from_dlpack(h)
+
+    def device_index(self, x):
+        d = str(x.device)
+        return int(d.split(":")[1]) if d.startswith("cuda:") else None
+
+    def zeros_like_ref(self, ref, device):
+        return self.make(np.zeros(ref.shape, ref.dtype), device)
+
+    def new_stream(self, device):
+        s = cb.cuda.Stream(device)
+        return s, s.ptr
+
+    def write(self, dst, src, stream):
+        zero = cb.zeros((), dtype=dst.dtype, device=dst.device)
+        cb.add(src, zero, out=dst, stream=stream)
+
+
+class Numpy(Lib):
+    name = "numpy"
+    module = np
+
+    def make(self, base, device):
+        return np.array(base, copy=True)
+
+    def broadcast(self, x):
+        return np.lib.stride_tricks.as_strided(x, (3, 4), (0, x.itemsize))
+
+    def ptr(self, x):
+        return x.__array_interface__["data"][0]
+
+    def read(self, x):
+        return np.array(x, copy=True)
+
+    def consume(self, h, protocol, device):
+        if protocol == "buffer":
+            return np.asarray(h)
+        return np.from_dlpack(h)
+
+
+class Torch(Lib):
+    name = "torch"
+    module = _import("torch")
+
+    def _dtype(self, np_dt):
+        t = self.module
+        if np_dt == np_dtype("bfloat16"):
+            return t.bfloat16
+        return {np.dtype(bool): t.bool}.get(np_dt) or getattr(t, np_dt.name)
+
+    def make(self, base, device):
+        t = self.module
+        if base.dtype == np_dtype("bfloat16"):
+            host = t.from_numpy(np.array(base, order="C").view(np.uint16)).view(t.bfloat16)
+        else:
+            host = t.from_numpy(np.array(base, order="C"))
+        if device == "cuda_host":
+            return host.clone().pin_memory()
+        return host.to(device).clone()
+
+    def view(self, x, layout):
+        if layout == "negative":
+            # torch's own answer to a negative stride
+            return x.as_strided((3, 4), (4, -1), x.storage_offset() + 3)
+        return super().view(x, layout)
+
+    def broadcast(self, x):
+        return x.expand(3, 4)
+
+    def ptr(self, x):
+        return x.data_ptr()
+
+    def read(self, x):
+        t = self.module
+        x = x.cpu()
+        if x.dtype == t.bfloat16:
+            return x.view(t.uint16).numpy().view(np_dtype("bfloat16"))
+        return x.numpy().copy()
+
+    def consume(self, h, protocol, device):
+        t = self.module
+        if protocol == "cai":
+            return t.as_tensor(h, device=device if device.startswith("cuda:") else "cuda")
+        if protocol == "buffer":
+            return t.asarray(h)
+        return t.from_dlpack(h)
+
+    def device_index(self, x):
+        return x.device.index if x.device.type == "cuda" else None
+
+    def new_stream(self, device):
+        s = self.module.cuda.Stream(device=gpu_index(device))
+        return s, s.cuda_stream
+
+    @contextlib.contextmanager
+    def current(self, stream):
+        with self.module.cuda.stream(stream):
+            yield
+
+    def write(self, dst, src, stream):
+        with self.module.cuda.stream(stream):
+            dst.copy_(src)
+
+
+class Cupy(Lib):
+    name = "cupy"
+    module = _import("cupy")
+
+    def make(self, base, device):
+        cp = self.module
+        if device == "cuda_managed":
+            with cp.cuda.using_allocator(cp.cuda.malloc_managed):
+                x = cp.empty(base.shape, base.dtype)
+            x.set(np.array(base, order="C"))
+            return x
+        with cp.cuda.Device(gpu_index(device)):
+            return cp.array(base, copy=True)
+
+    def broadcast(self, x):
+        return self.module.broadcast_to(x, (3, 4))
+
+    def ptr(self, x):
+        return x.data.ptr
+
+    def read(self, x):
+        return x.get()
+
+    def consume(self, h, protocol, device):
+        cp = self.module
+        with cp.cuda.Device(gpu_index(device)):
+            if protocol == "cai":
+                return cp.asarray(h)
+            return cp.from_dlpack(h)
+
+    def device_index(self, x):
+        return x.device.id
+
+    def new_stream(self, device):
+        with self.module.cuda.Device(gpu_index(device)):
+            s = self.module.cuda.Stream(non_blocking=True)
+        return s, s.ptr
+
+    @contextlib.contextmanager
+    def current(self, stream):
+        with stream:
+            yield
+
+    def write(self, dst, src, stream):
+        with stream:
+            dst[...] = src
+
+
+class Jax(Lib):
+    name = "jax"
+    module = _import("jax")
+
+    def missing(self, device):
+        reason = super().missing(device)
+        if reason is None and device != "cpu":
+            try:
+                self.module.devices("gpu")
+            except RuntimeError as e:
+                return f"jax has no CUDA backend here ({str(e)[:60]})"
+        return reason
+
+    def _device(self, device):
+        if device == "cpu":
+            return self.module.devices("cpu")[0]
+        return self.module.devices("gpu")[gpu_index(device)]
+
+    def make(self, base, device):
+        return self.module.device_put(np.array(base), self._device(device))
+
+    def ptr(self, x):
+        return x.unsafe_buffer_pointer()
+
+    def read(self, x):
+        return np.array(x)
+
+    def consume(self, h, protocol, device):
+        jnp = importlib.import_module("jax.numpy")
+        if protocol in ("cai", "buffer"):
+            return jnp.asarray(h, copy=False)
+        return jnp.from_dlpack(h)
+
+
+class Numba(Lib):
+    name = "numba"
+    module = _import("numba.cuda") if _import("numba") is not None else None
+
+    def make(self, base, device):
+        cuda = self.module
+        self_check = importlib.import_module("numba").from_dtype(base.dtype)  # noqa: F841
+        if device == "cuda_managed":
+            x = cuda.managed_array(base.shape, base.dtype)
+            x[...] = base
+            return x
+        with cuda.gpus[gpu_index(device)]:
+            return cuda.to_device(np.array(base, order="C"))
+
+    def ptr(self, x):
+        return x.__cuda_array_interface__["data"][0]
+
+    def read(self, x):
+        if isinstance(x, np.ndarray):  # managed arrays are numpy arrays too
+            return np.array(x, copy=True)
+        return x.copy_to_host()
+
+    def consume(self, h, protocol, device):
+        cuda = self.module
+        with cuda.gpus[gpu_index(device)]:
+            if protocol == "cai":
+                return cuda.as_cuda_array(h)
+            return cuda.from_dlpack(h)
+
+    def new_stream(self, device):
+        with self.module.gpus[gpu_index(device)]:
+            s = self.module.stream()
+        handle = s.handle
+        return s, int(getattr(handle, "value", handle))
+
+    def write(self, dst, src, stream):
+        dst.copy_to_device(src, stream=stream)
+
+
+LIBS = {lib.name: lib for lib in (Cubridge(), Numpy(), Torch(), Cupy(), Jax(), Numba())}

@@ -1,0 +1,311 @@
+"""Turns interop-matrix runs into MATRIX.md.
+
+    python3 -m pytest interop-tests/test_matrix.py --matrix-json run.json
+    python3 interop-tests/matrix_report.py run.json [more.json ...] > interop-tests/MATRIX.md
+
+Several runs may be given (say, a CPU machine and a GPU machine); for each cell the first run
+that ran it counts, and a failure in any run wins. Cells come from matrix_libs.cells(), so a cell
+no run reached is shown as not run, never as a pass.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+from collections import Counter, defaultdict
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import matrix_libs as m  # noqa: E402
+
+DTYPE_GROUPS = {
+    "bool": ["bool"],
+    "int8-64": ["int8", "int16", "int32", "int64"],
+    "uint8-64": ["uint8", "uint16", "uint32", "uint64"],
+    "float16": ["float16"],
+    "bfloat16": ["bfloat16"],
+    "float32/64": ["float32", "float64"],
+    "complex": ["complex64", "complex128"],
+}
+
+
+def _version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment():
+    """The machine, its GPUs and the library versions, for the top of the report."""
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "commit": os.environ.get("CUBRIDGE_COMMIT") or _git_commit(),
+        "gpus": [],
+        "versions": {},
+    }
+    for dist in ["cubridge", "numpy", "torch", "cupy", "cupy-cuda13x", "cupy-cuda12x", "jax",
+                 "jaxlib", "numba", "numba-cuda", "ml_dtypes", "pytest"]:  # fmt: skip
+        v = _version(dist)
+        if v:
+            env["versions"][dist] = v
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        env["gpus"] = [line.strip() for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    torch = m.LIBS["torch"].module
+    if torch is not None and torch.version.cuda:
+        env["versions"]["torch CUDA"] = torch.version.cuda
+    return env
+
+
+def _git_commit():
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+            cwd=pathlib.Path(__file__).parent,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class Notes:
+    """Numbered footnotes, one per distinct text."""
+
+    def __init__(self):
+        self.texts = {}
+
+    def mark(self, text):
+        if text not in self.texts:
+            self.texts[text] = len(self.texts) + 1
+        return self.texts[text]
+
+
+def merge(runs):
+    results = {}
+    for run in runs:
+        for rec in run["cells"]:
+            old = results.get(rec["id"])
+            if old is None or old["outcome"] == "skipped" or rec["outcome"] == "failed":
+                results[rec["id"]] = rec
+    return results
+
+
+def status(cell, results):
+    """(kind, text): kind is pass, fail, unsupported, na or notrun."""
+    why = m.why_not_applicable(cell)
+    if why:
+        return "na", why
+    rec = results.get(cell.id)
+    if rec is None:
+        return "notrun", "not run"
+    if rec["outcome"] == "passed":
+        return "pass", ""
+    if rec["outcome"] == "unsupported":
+        lim = rec.get("limit", {})
+        return "unsupported", f"not supported by {lim.get('holder')}: {lim.get('reason')}"
+    if rec["outcome"] == "skipped":
+        return "notrun", f"not run here: {rec.get('reason', '').removeprefix('Skipped: ')}"
+    return "fail", rec.get("error", "")
+
+
+def render(statuses, notes):
+    """One table cell for a group of cells."""
+    kinds = Counter(k for k, _ in statuses)
+    if not statuses:
+        return ""
+    parts = []
+    if kinds["fail"]:
+        parts.append(f"**✗ {kinds['fail']}**")
+    if kinds["pass"]:
+        parts.append("✓" if len(kinds) == 1 else f"✓ {kinds['pass']}")
+    for kind, symbol in [("unsupported", "n/s"), ("notrun", "not run"), ("na", "·")]:
+        texts = sorted({t for k, t in statuses if k == kind})
+        if texts:
+            refs = ",".join(str(notes.mark(t)) for t in texts)
+            parts.append(f"{symbol}<sup>{refs}</sup>")
+    return " ".join(parts)
+
+
+def table(title, rows, columns, lookup, results, notes):
+    """rows: [(label, key)], columns: [(label, key)]; lookup(rowkey, colkey) -> [cells]."""
+    lines = [f"| {title} | " + " | ".join(c for c, _ in columns) + " |"]
+    lines.append("|---" * (len(columns) + 1) + "|")
+    for label, rk in rows:
+        groups = [[status(c, results) for c in lookup(rk, ck)] for _, ck in columns]
+        if all(all(k == "na" for k, _ in g) for g in groups):
+            continue
+        lines.append(f"| {label} | " + " | ".join(render(g, notes) for g in groups) + " |")
+    return "\n".join(lines)
+
+
+def build(runs):
+    results = merge(runs)
+    cells = m.cells()
+    notes = Notes()
+    by = defaultdict(list)
+    for c in cells:
+        by[(c.group, c.producer, c.consumer, c.protocol, c.device)].append(c)
+    pairs = [(f"{p} → {c}, {proto}", (p, c, proto)) for p in m.LIBRARIES for c in m.LIBRARIES
+             for proto in m.PROTOCOLS]  # fmt: skip
+
+    out = ["# cubridge interop matrix", ""]
+    out.append(
+        "Generated by `interop-tests/matrix_report.py` from the `--matrix-json` output of "
+        "`python3 -m pytest interop-tests/test_matrix.py`; do not edit by hand. What every cell "
+        "proves is in `interop-tests/test_matrix.py`; the limits of other libraries, each tied "
+        "to the error that library raises, are in `interop-tests/matrix_libs.py`."
+    )
+    out.append("")
+    for i, run in enumerate(runs, 1):
+        env = run["environment"]
+        out.append(f"**Run {i}:** {env['date']}, cubridge commit `{env.get('commit')}`, "
+                   f"{env['platform']}, {env['cpus']} CPUs, Python {env['python']}.  ")  # fmt: skip
+        gpus = env.get("gpus") or ["none"]
+        out.append(f"GPUs (name, memory, driver): {'; '.join(gpus)}.  ")
+        out.append("Libraries: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + ".")
+        out.append("")
+
+    counts = Counter(status(c, results)[0] for c in cells)
+    ours = Counter(
+        status(c, results)[0] for c in cells
+        if "cubridge" in (c.consumer, *c.producer.split(","))
+    )  # fmt: skip
+    out.append("## Summary")
+    out.append("")
+    out.append("| cells | passed | not supported by another library or protocol | failed | "
+               "not run here | not applicable |")  # fmt: skip
+    out.append("|---|---|---|---|---|---|")
+    for label, k in [("all", counts), ("with cubridge as a producer or consumer", ours)]:
+        out.append(f"| {label} | {k['pass']} | {k['unsupported']} | {k['fail']} | "
+                   f"{k['notrun']} | {k['na']} |")  # fmt: skip
+    out.append("")
+    out.append(
+        "Legend: ✓ every cell passed (values equal numpy's, bit for bit; the same data pointer; "
+        "the producer deleted and its memory reused before the read); **✗ n** n cells failed; "
+        "n/s<sup>k</sup> not supported by the library named in note k, which raised that "
+        "library's own error; · not applicable (note says why); not run: the library or the "
+        "GPU was missing on the machine of every run. A number after a symbol counts cells "
+        "where a table cell covers several."
+    )
+    out.append("")
+
+    def transfer_lookup(group, device):
+        return lambda rk, ck: [c for c in by[(group, *rk, device)] if ck(c)]
+
+    out.append("## Dtypes (contiguous arrays)")
+    for device in ["cpu", "cuda:0"]:
+        out.append("")
+        out.append(f"### {device}")
+        out.append("")
+        cols = [(g, lambda c, ds=ds: c.dtype in ds) for g, ds in DTYPE_GROUPS.items()]
+        out.append(table("producer → consumer, protocol", pairs, cols,
+                         transfer_lookup("dtypes", device), results, notes))  # fmt: skip
+
+    out.append("")
+    out.append(f"## Layouts ({' and '.join(m.LAYOUT_DTYPES)})")
+    for device in ["cpu", "cuda:0"]:
+        out.append("")
+        out.append(f"### {device}")
+        out.append("")
+        cols = [(lay, lambda c, lay=lay: c.layout == lay) for lay in m.LAYOUTS]
+        out.append(table("producer → consumer, protocol", pairs, cols,
+                         transfer_lookup("layouts", device), results, notes))  # fmt: skip
+
+    out.append("")
+    out.append("## Devices (float32, contiguous)")
+    out.append("")
+
+    def device_lookup(rk, dev):
+        group = "dtypes" if dev in ("cpu", "cuda:0") else "devices"
+        return [c for c in by[(group, *rk, dev)] if c.dtype == "float32"]
+
+    out.append(table("producer → consumer, protocol", pairs, [(d, d) for d in m.DEVICES],
+                     device_lookup, results, notes))  # fmt: skip
+
+    out.append("")
+    out.append("## Streams (cuda:0, float32)")
+    out.append("")
+    out.append(
+        "default: written on the default stream. side: written on a non-default stream behind "
+        "a 0.1 s kernel and handed over while it runs (the consumer must see the new values). "
+        "none: exported with `stream=-1` while the kernel runs (the export must not wait); the "
+        "user synchronizes, then the consumer reads."
+    )
+    out.append("")
+    stream_cells = [c for c in cells if c.kind == "stream"]
+    spairs = [(f"{p} → {c}, {proto}", (p, c, proto)) for p in m.LIBRARIES for c in m.LIBRARIES
+              for proto in ("dlpack-versioned", "cai")]  # fmt: skip
+    out.append(table("producer → consumer, protocol", spairs, [(s, s) for s in m.STREAM_MODES],
+                     lambda rk, mode: [c for c in stream_cells
+                                       if (c.producer, c.consumer, c.protocol) == rk
+                                       and c.stream == mode],
+                     results, notes))  # fmt: skip
+
+    out.append("")
+    out.append("## cubridge.add(x, y, out=z) across producers")
+    for device in ["cpu", "cuda:0"]:
+        adds = [c for c in cells if c.kind == "add" and c.device == device]
+        libs = sorted({p for c in adds for p in c.producer.split(",")}, key=m.LIBRARIES.index)
+        out.append("")
+        out.append(f"### {device}: float32, x (3, 4) + y (4,) broadcast; rows x, y; columns z")
+        out.append("")
+        out.append(table("x, y", [(f"{x}, {y}", (x, y)) for x in libs for y in libs],
+                         [(z, z) for z in libs],
+                         lambda rk, z: [c for c in adds if c.group == "add-producers"
+                                        and c.producer == f"{rk[0]},{rk[1]},{z}"],
+                         results, notes))  # fmt: skip
+        out.append("")
+        out.append(f"### {device}: every dtype and layout, x, y and z from one producer "
+                   "(z from cubridge for jax)")  # fmt: skip
+        out.append("")
+        cols = [(g, ("add-dtypes", ds)) for g, ds in DTYPE_GROUPS.items()]
+        cols += [(lay, ("add-layouts", [lay])) for lay in m.LAYOUTS]
+        out.append(table("producer", [(p, p) for p in libs], cols,
+                         lambda p, ck: [c for c in adds if c.group == ck[0]
+                                        and c.producer.startswith(p + ",")
+                                        and (c.dtype if ck[0] == "add-dtypes" else c.layout)
+                                        in ck[1]],
+                         results, notes))  # fmt: skip
+
+    out.append("")
+    out.append("## Notes")
+    out.append("")
+    for text, n in sorted(notes.texts.items(), key=lambda kv: kv[1]):
+        out.append(f"{n}. {text}")
+    failures = [results[c.id] for c in cells
+                if status(c, results)[0] == "fail"]  # fmt: skip
+    out.append("")
+    out.append("## Failures")
+    out.append("")
+    if not failures:
+        out.append("None.")
+    for rec in failures:
+        last = rec.get("error", "").strip().splitlines()[-1:] or [""]
+        out.append(f"- `{rec['id']}`: {last[0][:300]}")
+    out.append("")
+    return "\n".join(out)
+
+
+def main(paths):
+    runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
+    sys.stdout.write(build(runs))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])

@@ -1,0 +1,207 @@
+"""The cross-framework interop matrix (see matrix_libs.py for what each cell claims and how).
+
+Every cell proves its claim or ends as one of:
+- passed: values equal numpy's reference, bit for bit; the consumer's data pointer is the
+  producer's (zero-copy; not observable for empty arrays); the producer's objects are deleted and
+  their memory reused by new arrays before the consumer reads (ownership);
+- xfailed "not supported by X": X (another library, or a protocol) raised the error declared for
+  that limit in matrix_libs.LIMITS, or showed the declared behaviour (a copy, a legacy capsule);
+- skipped: the library or the GPU is not on this machine (the report shows "not run");
+- failed: anything else.
+
+`--matrix-json PATH` writes every cell's outcome for matrix_report.py.
+"""
+
+import numpy as np
+import pytest
+
+import cubridge as cb
+import matrix_libs as m
+
+ALL = m.cells()
+
+
+def _params(kind):
+    out = []
+    for cell in ALL:
+        if cell.kind != kind or m.why_not_applicable(cell):
+            continue
+        marks = [pytest.mark.cuda] if cell.device != "cpu" else []
+        out.append(pytest.param(cell, id=cell.id, marks=marks))
+    return out
+
+
+def _skip_if_missing(cell, *libs):
+    for name in libs:
+        reason = m.LIBS[name].missing(cell.device)
+        if reason:
+            pytest.skip(reason)
+
+
+class Steps:
+    """Runs each step as one library's; a declared limit of that library ends the cell as
+    "not supported by X" (xfail), any other error fails it."""
+
+    def __init__(self, cell, request):
+        self.cell, self.request = cell, request
+
+    def limit(self, lib, role, exc):
+        lim = m.find_limit(self.cell, lib, role, exc)
+        if lim is None:
+            return
+        self.request.node.user_properties.append(
+            ("limit", {"holder": lim.holder, "reason": lim.reason,
+                       "error": f"{type(exc).__name__}: {str(exc)[:300]}"})  # fmt: skip
+        )
+        pytest.xfail(f"not supported by {lim.holder}: {lim.reason}")
+
+    def run(self, lib, role, fn, handle=None):
+        try:
+            return fn()
+        except Exception as e:
+            producer_error = getattr(handle, "producer_error", None)
+            if producer_error is not None:
+                self.limit(self.cell.producer, "producer", producer_error)
+                raise AssertionError(f"{self.cell.producer}'s export failed") from producer_error
+            self.limit(lib, role, e)
+            raise
+
+
+def _check(host, ref):
+    assert host.shape == ref.shape, (host.shape, ref.shape)
+    assert host.dtype == ref.dtype, (host.dtype, ref.dtype)
+    np.testing.assert_array_equal(m.comparable(host), m.comparable(ref), strict=True)
+
+
+@pytest.mark.parametrize("cell", _params("transfer"))
+def test_transfer(cell, request):
+    _skip_if_missing(cell, cell.producer, cell.consumer)
+    if cell.dtype == "bfloat16" and m.ml_dtypes is None:
+        pytest.skip("ml_dtypes is not installed")
+    P, C, steps = m.LIBS[cell.producer], m.LIBS[cell.consumer], Steps(cell, request)
+    base = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout])
+    ref = m.numpy_layout(base, cell.layout)
+
+    def produce():
+        x = P.view(P.make(base, cell.device), cell.layout)
+        return x, P.ptr(x), m.handle(x, cell.protocol, cell.producer, cell.consumer)
+
+    x, ptr, h = steps.run(cell.producer, "producer", produce)
+    got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, cell.device), h)
+
+    def zero_copy():
+        if ref.size and C.ptr(got) != ptr:
+            raise m.Copied(f"{cell.consumer} holds {C.ptr(got):#x}, the producer {ptr:#x}")
+
+    steps.run(cell.consumer, "consumer", zero_copy)
+
+    def same_shape():
+        if tuple(got.shape) != ref.shape:
+            raise m.WrongShape(f"{cell.consumer} made shape {tuple(got.shape)} of {ref.shape}")
+
+    steps.run(cell.consumer, "consumer", same_shape)
+    if cell.device.startswith("cuda:"):
+        index = C.device_index(got)
+        assert index in (None, m.gpu_index(cell.device)), index
+    # Ownership: the producer's objects go, and new arrays take their memory, before the read.
+    del x, h
+    reuse = P.scribble(base.nbytes, cell.device)
+    host = steps.run(cell.consumer, "consumer", lambda: C.read(got))
+    del reuse
+    _check(host, ref)
+
+
+SLEEP_CYCLES = 200_000_000  # about 0.1 s of one SM's clock: long enough to lose any race
+
+
+def _sleep_on(stream_ptr, device):
+    torch = m.LIBS["torch"].module
+    ext = torch.cuda.ExternalStream(stream_ptr, device=m.gpu_index(device))
+    with torch.cuda.stream(ext):
+        torch.cuda._sleep(SLEEP_CYCLES)
+    return ext
+
+
+@pytest.mark.parametrize("cell", _params("stream"))
+def test_stream(cell, request):
+    """Default: written on the default stream, handed over at once. Side: written on a
+    non-default stream behind a long kernel, handed over while that kernel still runs; the
+    consumer must see the written values. None: exported with stream=-1 (no ordering) while the
+    kernel runs; the export must not wait for it, and after the user synchronizes the producer's
+    stream the consumer sees the values."""
+    _skip_if_missing(cell, cell.producer, cell.consumer, "torch")
+    P, C, steps = m.LIBS[cell.producer], m.LIBS[cell.consumer], Steps(cell, request)
+    torch = m.LIBS["torch"].module
+    ref = m.reference_base("float32", (1 << 16,))
+    dev = cell.device
+
+    def hand_over(x):
+        if cell.protocol == "cai":
+            cai = x.__cuda_array_interface__
+            if cell.stream == "side" and cai.get("stream") is None:
+                raise m.NoStream(f"version {cai.get('version')} interface without a stream")
+            return m.CAIOnly(x)
+        return m.VersionedOnly(x)
+
+    if cell.stream == "default":
+        x = steps.run(cell.producer, "producer", lambda: P.make(ref, dev))
+        h = steps.run(cell.producer, "producer", lambda: hand_over(x))
+        got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, dev), h)
+        _check(C.read(got), ref)
+        return
+
+    x = steps.run(cell.producer, "producer", lambda: P.make(np.full_like(ref, -7.0), dev))
+    src = P.make(ref, dev)
+    torch.cuda.synchronize(m.gpu_index(dev))
+    stream, ptr = P.new_stream(dev)
+    with P.current(stream):
+        ext = _sleep_on(ptr, dev)
+        P.write(x, src, stream)
+        assert not ext.query(), "the side stream finished before the hand-over: no race to lose"
+        if cell.stream == "side":
+            h = steps.run(cell.producer, "producer", lambda: hand_over(x))
+            got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, dev), h)
+            host = C.read(got)
+        else:
+            capsule = steps.run(
+                cell.producer, "producer", lambda: x.__dlpack__(stream=-1, max_version=(1, 0))
+            )
+            busy = not ext.query()
+            h = m.Fixed(capsule, x.__dlpack_device__())
+            got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, "dlpack", dev))
+            assert busy, "the producer waited for its stream on a stream=-1 export"
+    if cell.stream == "none":
+        ext.synchronize()
+        host = C.read(got)
+    _check(host, ref)
+
+
+@pytest.mark.parametrize("cell", _params("add"))
+def test_add(cell, request):
+    """cubridge.add(x, y, out=z) with x, y and z each from its own producer: z is written in
+    place and equals numpy's sum."""
+    px, py, pz = cell.producer.split(",")
+    _skip_if_missing(cell, px, py, pz)
+    if cell.dtype == "bfloat16" and m.ml_dtypes is None:
+        pytest.skip("ml_dtypes is not installed")
+    steps = Steps(cell, request)
+    if cell.group == "add-layouts":
+        bx = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=1)
+        by = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=2)
+        rx, ry = m.numpy_layout(bx, cell.layout), m.numpy_layout(by, cell.layout)
+    else:
+        bx = rx = m.reference_base(cell.dtype, (3, 4), seed=1)
+        by = ry = m.reference_base(cell.dtype, (4,), seed=2)
+    if cell.dtype in ("bfloat16", "float16"):
+        expected = (rx.astype(np.float32) + ry.astype(np.float32)).astype(rx.dtype)
+    else:
+        expected = np.add(rx, ry)
+    layout = cell.layout if cell.group == "add-layouts" else "contiguous"
+    x = steps.run(px, "producer", lambda: m.LIBS[px].view(m.LIBS[px].make(bx, cell.device), layout))
+    y = steps.run(py, "producer", lambda: m.LIBS[py].view(m.LIBS[py].make(by, cell.device), layout))
+    Z = m.LIBS[pz]
+    z = Z.make(np.zeros(expected.shape, expected.dtype), cell.device)
+    before = Z.ptr(z)
+    steps.run("cubridge", "consumer", lambda: cb.add(x, y, out=z))
+    assert Z.ptr(z) == before
+    _check(Z.read(z), expected)
