@@ -12,14 +12,15 @@ use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-/// The interface dict of a device array: v3, with the stream holding its pending work.
+/// The interface dict of a device or managed array: v3, with the stream holding its pending
+/// work. (Pinned host memory has none: consumers would take it for device memory.)
 pub fn export<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyDict>> {
-    let Device::Cuda(_) = array.device() else {
+    if !matches!(array.device(), Device::Cuda(_) | Device::CudaManaged) {
         return Err(PyAttributeError::new_err(format!(
-            "__cuda_array_interface__ describes CUDA device memory; this array is on {}",
+            "__cuda_array_interface__ describes CUDA device or managed memory; this array is on {}",
             array.device()
         )));
-    };
+    }
     let typestr = array.dtype().typestr().ok_or_else(|| {
         PyAttributeError::new_err(format!(
             "the CUDA array interface has no typestr for {}; use DLPack",

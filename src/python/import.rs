@@ -118,6 +118,18 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult
             return dlpark_import(obj.as_borrowed(), None, None);
         }
         let request = ImportRequest::new(obj.as_borrowed())?;
+        if request
+            .device()
+            .is_ok_and(|d| d.device_type == DLDeviceType::CUDAHOST)
+        {
+            // PyTorch names a pinned tensor's device kDLCUDAHost in __dlpack_device__ but kDLCPU
+            // in the capsule. Both are host memory that needs no stream, so the capsule is taken
+            // at its word instead of failing the device check.
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs.set_item("max_version", (1u32, 3u32))?;
+            let capsule = obj.call_method("__dlpack__", (), Some(&kwargs))?;
+            return dlpark_import(capsule.as_borrowed(), None, None);
+        }
         let on_cuda = request
             .device()
             .is_ok_and(|d| d.device_type == DLDeviceType::CUDA);
