@@ -243,6 +243,14 @@ class WrongShape(Exception):
     """The consumer's array has another shape than the producer's."""
 
 
+class WrongDtype(Exception):
+    """The consumer's array has another dtype than the producer's."""
+
+
+class NoStreamWait(Exception):
+    """The consumer read values from before the producer's pending write."""
+
+
 class LegacyCapsule(Exception):
     """Asked for a versioned DLPack capsule, the producer returned a legacy one."""
 
@@ -289,6 +297,8 @@ def _layout_is(*names):
 
 
 NOT_BUFFER_PROTOCOL = ("TypeError",)
+CAI = "the CUDA array interface"
+CAI_BF16 = "numpy typestrs have no bfloat16: it is refused, or sent as raw '<V2' bytes"
 LIMITS = [
     # numpy
     Limit("numpy", "numpy", "producer", ("BufferError",), "DLPack only supports",
@@ -306,20 +316,42 @@ LIMITS = [
           "PEP 3118 has no bfloat16 format", _dtype_is("bfloat16")),
     Limit("the buffer protocol", "jax", "producer", ("BufferError", "Exception"), "BF16",
           "PEP 3118 has no bfloat16 format", _dtype_is("bfloat16")),
-    Limit("the CUDA array interface", "cubridge", "producer", ("TypeError",), "no typestr",
-          "numpy typestrs have no bfloat16", _dtype_is("bfloat16")),
+    Limit(CAI, "cubridge", "producer", ("AttributeError",), "no typestr for bfloat16",
+          CAI_BF16, _dtype_is("bfloat16")),
+    Limit(CAI, "cubridge", "consumer", ("TypeError",), 'typestr "<V2"', CAI_BF16,
+          _dtype_is("bfloat16")),
+    Limit(CAI, "torch", "consumer", ("TypeError",), "numpy.void", CAI_BF16, _dtype_is("bfloat16")),
+    Limit(CAI, "cupy", "consumer", ("WrongDtype",), "", CAI_BF16, _dtype_is("bfloat16")),
+    Limit(CAI, "numba", "consumer", ("WrongDtype",), "", CAI_BF16, _dtype_is("bfloat16")),
     # torch
     Limit("torch", "torch", "producer", ("RuntimeError",), "[Nn]egative strides",
           "torch tensors cannot have negative strides", _layout_is("negative")),
     Limit("torch", "torch", "consumer", ("RuntimeError", "BufferError", "ValueError"),
           "[Nn]egative strides|[Ss]torage size calculation overflowed",
-          "torch tensors cannot have negative strides", _layout_is("negative")),
+          "torch tensors cannot have negative strides (torch.from_dlpack is not handed such a "
+          "descriptor: torch 2.11 aborts the process on one; torch.as_strided's error stands "
+          "for it)", _layout_is("negative")),
     Limit("torch", "torch", "producer", NOT_BUFFER_PROTOCOL, "bytes-like object is required",
           "torch tensors do not implement the buffer protocol", _proto_is("buffer")),
     Limit("torch", "torch", "consumer", ("WrongShape",), "",
           "torch.asarray reads a buffer as flat bytes: the shape is lost", _proto_is("buffer")),
     Limit("torch", "torch", "consumer", ("ValueError",), "buffer length \\(0\\)",
           "torch.asarray refuses empty buffers", _proto_is("buffer")),
+    Limit("torch", "torch", "consumer", ("BufferError",), "Unsupported device_type: (3|13)",
+          "torch.from_dlpack reads neither pinned (3) nor managed (13) DLPack memory"),
+    Limit("torch", "torch", "consumer", ("NoStreamWait",), "",
+          "torch.as_tensor does not wait on a CUDA array interface's stream: it read the values "
+          "from before the producer's pending write", _proto_is("cai")),
+    Limit("torch", "torch", "producer", ("NoStream",), "",
+          "torch's CUDA array interface (version 2) has no stream: consumers cannot order after "
+          "work pending on a non-default stream", _proto_is("cai")),
+    Limit("torch", "torch", "consumer", ("RuntimeError", "ValueError", "BufferError", "TypeError"),
+          "contiguous", "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
+    Limit("torch", "torch", "consumer", ("RuntimeError",), "could not retrieve buffer",
+          "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
+    Limit("torch", "torch", "consumer", ("ValueError",), "must be a multiple of element size",
+          "torch.asarray reads a buffer as flat bytes of its default dtype: the element type of "
+          "a 0-d buffer is lost", _proto_is("buffer")),
     Limit("torch", "torch", "consumer", ("RuntimeError",), "non-contiguous buffers",
           "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
     Limit("torch", "torch", "consumer", ("TypeError", "RuntimeError", "AttributeError"),
@@ -342,6 +374,20 @@ LIMITS += [
           "cupy has no bfloat16 dtype", _dtype_is("bfloat16")),
     Limit("numba", "numba", "producer", ("Exception",), "bfloat16|dtype|type",
           "numba has no bfloat16 dtype", _dtype_is("bfloat16")),
+    Limit("cupy", "cupy", "producer", ("TypeError",), "Accessing a CuPy",
+          "cupy arrays refuse the buffer protocol, managed memory included", _proto_is("buffer")),
+    Limit("numba", "cupy", "consumer", ("TypeError",), "CPU arrays cannot be directly imported",
+          "numba's managed arrays are numpy arrays whose DLPack says CPU, which cupy refuses"),
+    Limit("numba", "numba", "producer", ("AttributeError",), "row_stack",
+          "numba's device-array transpose calls numpy.row_stack, which numpy 2.4 removed",
+          _layout_is("transposed")),
+    Limit("numba", "numba", "consumer", ("NotImplementedError",), "negative strides",
+          "numba cannot copy a device array with negative strides to the host",
+          _layout_is("negative")),
+    Limit("cupy", "cubridge", "consumer", ("ValueError",), "extent overflows",
+          "cupy 14 writes negative strides wrongly into DLPack descriptors, which cubridge "
+          "refuses (cubridge reads cupy's CUDA array interface instead when it is offered)",
+          lambda cell: cell.producer == "cupy" and cell.layout == "negative"),
     Limit("numba", "numba", "consumer", ("AttributeError",), "from_dlpack",
           "numba reads only the CUDA array interface", _proto_is("dlpack-legacy", "dlpack-versioned")),
     Limit("numba", "numba", "producer", ("AttributeError",), "__dlpack",
@@ -354,7 +400,7 @@ for _lib in ("numpy", "jax", "cupy", "numba", "torch"):
     )
 for _lib in ("numpy", "cupy", "numba"):
     LIMITS.append(
-        Limit(_lib, _lib, "consumer", ("TypeError", "AttributeError", "ValueError"), "__dlpack__",
+        Limit(_lib, _lib, "consumer", ("TypeError", "AttributeError", "ValueError"), "(?i)dlpack",
               f"{_lib} does not read the C exchange table", _proto_is("exchange-table"))
     )
 assert not [lim for lim in LIMITS if lim.holder == "cubridge"]
@@ -435,10 +481,12 @@ class TableOnly:
 
 
 class CAIOnly:
-    """Offers only the producer's CUDA array interface."""
+    """Offers only the producer's CUDA array interface. Like the producer's own object, it keeps
+    the memory alive for as long as a consumer holds it (the interface itself carries no owner)."""
 
     def __init__(self, obj):
         self.__cuda_array_interface__ = obj.__cuda_array_interface__
+        self._owner = obj
 
 
 class Fixed:
@@ -543,6 +591,13 @@ class Lib:
     def current(self, stream):
         yield
 
+    def make_on(self, base, device, stream):
+        """`make`, for an array whose work belongs to `stream` (numba keeps that per array)."""
+        return self.make(base, device)
+
+    def settle(self, device, stream):
+        """Finishes any deferred frees before a timed window (see Cubridge.settle)."""
+
 
 class Cubridge(Lib):
     name = "cubridge"
@@ -591,9 +646,27 @@ class Cubridge(Lib):
         s = cb.cuda.Stream(device)
         return s, s.ptr
 
+    _zeros = {}
+
+    def _zero(self, dtype, device):
+        key = (str(dtype), str(device))
+        return self._zeros.setdefault(key, cb.zeros((), dtype=dtype, device=device))
+
+    def settle(self, device, stream):
+        # cubridge frees device memory (cuMemFree, which waits for the whole device) when a
+        # kernel that used it has run, on its next launch. Frees left over from earlier cells
+        # would otherwise fall inside the window and wait out the long kernel, leaving no race to
+        # test; two launches on cached arrays release them first.
+        z = self._zero("float32", device)
+        scratch = self._zeros.setdefault(("scratch", device), cb.zeros((), device=device))
+        for _ in range(2):
+            cb.add(z, z, out=scratch, stream=stream)
+            stream.synchronize()
+
     def write(self, dst, src, stream):
-        zero = cb.zeros((), dtype=dst.dtype, device=dst.device)
-        cb.add(src, zero, out=dst, stream=stream)
+        # The zero is kept: freeing device memory waits for the device, which would end the
+        # race this write is part of.
+        cb.add(src, self._zero(dst.dtype, dst.device), out=dst, stream=stream)
 
 
 class Numpy(Lib):
@@ -649,6 +722,14 @@ class Torch(Lib):
 
     def ptr(self, x):
         return x.data_ptr()
+
+    def refuse_negative_strides(self):
+        """torch's own error for a negative stride, or None if this torch allows them."""
+        try:
+            self.module.empty(4).as_strided((4,), (-1,), 3)
+        except RuntimeError as e:
+            return e
+        return None
 
     def read(self, x):
         t = self.module
@@ -798,6 +879,12 @@ class Numba(Lib):
             s = self.module.stream()
         handle = s.handle
         return s, int(getattr(handle, "value", handle))
+
+    def make_on(self, base, device, stream):
+        with self.module.gpus[gpu_index(device)]:
+            x = self.module.to_device(np.array(base, order="C"), stream=stream)
+        stream.synchronize()
+        return x
 
     def write(self, dst, src, stream):
         dst.copy_to_device(src, stream=stream)
