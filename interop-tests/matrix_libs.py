@@ -352,6 +352,9 @@ LIMITS = [
     Limit("torch", "torch", "consumer", ("ValueError",), "must be a multiple of element size",
           "torch.asarray reads a buffer as flat bytes of its default dtype: the element type of "
           "a 0-d buffer is lost", _proto_is("buffer")),
+    Limit("torch", "torch", "consumer", ("Copied",), "",
+          "torch.as_tensor copies managed memory handed over by the CUDA array interface",
+          lambda cell: cell.protocol == "cai" and cell.device == "cuda_managed"),
     Limit("torch", "torch", "consumer", ("RuntimeError",), "non-contiguous buffers",
           "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
     Limit("torch", "torch", "consumer", ("TypeError", "RuntimeError", "AttributeError"),
@@ -595,8 +598,8 @@ class Lib:
         """`make`, for an array whose work belongs to `stream` (numba keeps that per array)."""
         return self.make(base, device)
 
-    def settle(self, device, stream):
-        """Finishes any deferred frees before a timed window (see Cubridge.settle)."""
+    def settle(self, device, stream, src):
+        """Finishes one-time and deferred work before a timed window (see Cubridge.settle)."""
 
 
 class Cubridge(Lib):
@@ -650,18 +653,22 @@ class Cubridge(Lib):
 
     def _zero(self, dtype, device):
         key = (str(dtype), str(device))
-        return self._zeros.setdefault(key, cb.zeros((), dtype=dtype, device=device))
+        if key not in self._zeros:
+            self._zeros[key] = cb.zeros((), dtype=dtype, device=device)
+        return self._zeros[key]
 
-    def settle(self, device, stream):
-        # cubridge frees device memory (cuMemFree, which waits for the whole device) when a
-        # kernel that used it has run, on its next launch. Frees left over from earlier cells
-        # would otherwise fall inside the window and wait out the long kernel, leaving no race to
-        # test; two launches on cached arrays release them first.
-        z = self._zero("float32", device)
-        scratch = self._zeros.setdefault(("scratch", device), cb.zeros((), device=device))
+    def settle(self, device, stream, src):
+        # A precaution: cubridge releases buffers whose kernels have run on its next launch,
+        # and cuMemFree waits for the whole device, so a release left over from an earlier cell
+        # must not fall inside the window (it would wait out the long kernel). Two writes into
+        # a scratch array release them first. (Allocations in the window wait too: cb.zeros
+        # clears memory with a synchronous memset, hence the cached zero above.)
+        zero = self._zero(src.dtype, device)
+        scratch = cb.empty(src.shape, dtype=src.dtype, device=device)
         for _ in range(2):
-            cb.add(z, z, out=scratch, stream=stream)
+            cb.add(src, zero, out=scratch, stream=stream)
             stream.synchronize()
+        self._zeros[("scratch", device)] = scratch  # freed by the next cell's settle, not here
 
     def write(self, dst, src, stream):
         # The zero is kept: freeing device memory waits for the device, which would end the

@@ -168,7 +168,7 @@ def test_stream(cell, request):
     stream, ptr = P.new_stream(dev)
     x = steps.run(cell.producer, "producer", lambda: P.make_on(np.full_like(ref, -7.0), dev, stream))
     src = P.make(ref, dev)
-    P.settle(dev, stream)
+    P.settle(dev, stream, src)
     torch.cuda.synchronize(m.gpu_index(dev))
     with P.current(stream):
         ext = _sleep_on(ptr, dev)
