@@ -658,6 +658,24 @@ def test_100k_device_exchanges_keep_device_and_host_memory_flat(protocol):
     assert rss1 - rss0 < (4 << 20), f"RSS grew {rss1 - rss0} bytes"
 
 
+def test_a_write_through_out_is_ordered_before_later_consumers_of_that_array():
+    """cubridge.add(..., out=x, stream=s) while s is busy: x itself (not only the returned
+    object) carries the write, so a consumer of x waits for it instead of reading old values."""
+    n = 1 << 16
+    s = cb.cuda.Stream()
+    x = cb.full((n,), -7.0, device="cuda")
+    view = x.as_strided((n // 2,), (2,))
+    src, zero = cb.arange(n, dtype="float32", device="cuda"), cb.zeros((), device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+        torch.cuda._sleep(200_000_000)
+    cb.add(src, zero, out=x, stream=s)
+    assert x.stream == s.ptr and view.stream == s.ptr
+    expected = torch.arange(n, dtype=torch.float32, device="cuda")
+    assert torch.equal(torch.from_dlpack(x), expected)
+    assert torch.equal(torch.from_dlpack(view), expected[::2])
+
+
 def test_adds_from_eight_threads_each_on_its_own_stream():
     import threading
 

@@ -19,11 +19,6 @@ pub struct Array {
     dtype: DType,
     device: Device,
     readonly: bool,
-    /// The CUDA stream (DLPack numbering: 1 legacy default) the array was last written on.
-    stream: usize,
-    /// An event after the last work that wrote the array, if any may still be pending. Consumers
-    /// wait on it, never on `stream`, whose owner may have destroyed it since.
-    pending: Option<Arc<Event>>,
 }
 
 impl std::fmt::Debug for Array {
@@ -69,8 +64,6 @@ impl Array {
             dtype,
             device,
             readonly: false,
-            stream: crate::cuda::stream::LEGACY,
-            pending: None,
         })
     }
 
@@ -94,38 +87,40 @@ impl Array {
             dtype,
             device,
             readonly,
-            stream: crate::cuda::stream::LEGACY,
-            pending: None,
         }
     }
 
-    /// The CUDA stream that holds this array's pending work (DLPack numbering).
+    /// The CUDA stream (DLPack numbering: 1 legacy default) that last wrote the array's memory.
     pub fn stream(&self) -> usize {
-        self.stream
+        self.buffer
+            .last_write()
+            .map_or(crate::cuda::stream::LEGACY, |w| w.stream)
     }
 
-    /// The same array, recorded as written on `stream`, with an event after that work.
+    /// The same array, its memory recorded as written on `stream`, with `event` after that
+    /// work. The record is kept with the memory, so every array over it sees it.
     pub fn with_pending(&self, stream: usize, event: impl Into<Arc<Event>>) -> Array {
-        Array {
+        self.buffer.record_write(crate::storage::LastWrite {
             stream,
-            pending: Some(event.into()),
-            ..self.clone()
-        }
+            event: event.into(),
+        });
+        self.clone()
     }
 
-    /// The event after the array's last write, if any.
-    pub fn pending(&self) -> Option<&Event> {
-        self.pending.as_deref()
+    /// The event after the last write of the array's memory, if any. Consumers wait on it,
+    /// never on the stream, whose owner may have destroyed it since.
+    pub fn pending(&self) -> Option<Arc<Event>> {
+        self.buffer.last_write().map(|w| w.event)
     }
 
     /// Makes `consumer` (a stream of this array's device) wait for the array's pending work.
     pub fn order_before(&self, consumer: usize) -> Result<()> {
-        match &self.pending {
+        match self.buffer.last_write() {
             // Work on the legacy default stream is ordered before everything queued on it later,
             // from any thread. (Other handles are not trusted that way: a destroyed stream's
             // handle may be reused by a new one.)
-            Some(_) if consumer == self.stream && consumer == crate::cuda::stream::LEGACY => Ok(()),
-            Some(event) => event.wait(consumer),
+            Some(w) if consumer == w.stream && consumer == crate::cuda::stream::LEGACY => Ok(()),
+            Some(w) => w.event.wait(consumer),
             None => Ok(()),
         }
     }

@@ -97,6 +97,17 @@ pub enum Owner {
 pub struct Buffer {
     ptr: *mut u8,
     owner: Owner,
+    /// The last CUDA work that wrote this memory: its stream (DLPack numbering) and an event
+    /// after it. Kept with the memory, not with one array, so that every array over the buffer
+    /// (the `out` a caller passed, views, clones) orders after a write through any of them.
+    last_write: std::sync::Mutex<Option<LastWrite>>,
+}
+
+/// See [`Buffer::last_write`].
+#[derive(Clone)]
+pub struct LastWrite {
+    pub stream: usize,
+    pub event: std::sync::Arc<crate::cuda::stream::Event>,
 }
 
 // SAFETY: the pointer is only an address; its owner is Send + Sync (both Owner variants are), and
@@ -117,6 +128,7 @@ impl Buffer {
         Buffer {
             ptr,
             owner: Owner::Storage(storage),
+            last_write: std::sync::Mutex::new(None),
         }
     }
 
@@ -130,12 +142,27 @@ impl Buffer {
         Buffer {
             ptr,
             owner: Owner::Foreign(keepalive),
+            last_write: std::sync::Mutex::new(None),
         }
     }
 
     /// The base address (array data lives at `ptr + layout.byte_offset()`).
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
+    }
+
+    /// The last CUDA write recorded on this memory, if any.
+    pub fn last_write(&self) -> Option<LastWrite> {
+        self.last_write
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records a CUDA write on this memory (replacing the previous record: the new write was
+    /// itself ordered after it, or was on the same memory by the caller's own choice).
+    pub fn record_write(&self, write: LastWrite) {
+        *self.last_write.lock().unwrap_or_else(|p| p.into_inner()) = Some(write);
     }
 
     /// Whether cubridge allocated this memory.
