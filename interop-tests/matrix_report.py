@@ -170,9 +170,15 @@ def build(runs):
         "to the error that library raises, are in `interop-tests/matrix_libs.py`."
     )
     out.append("")
-    for i, run in enumerate(runs, 1):
+    machines = {}
+    for run in runs:  # parts of one run on one machine (same commit and versions) share a line
         env = run["environment"]
-        out.append(f"**Run {i}:** {env['date']}, cubridge commit `{env.get('commit')}`, "
+        key = json.dumps({k: v for k, v in env.items() if k != "date"}, sort_keys=True)
+        machines.setdefault(key, []).append(env["date"])
+    for i, (key, dates) in enumerate(machines.items(), 1):
+        env = json.loads(key)
+        when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]} ({len(dates)} parts)"
+        out.append(f"**Run {i}:** {when}, cubridge commit `{env.get('commit')}`, "
                    f"{env['platform']}, {env['cpus']} CPUs, Python {env['python']}.  ")  # fmt: skip
         gpus = env.get("gpus") or ["none"]
         out.append(f"GPUs (name, memory, driver): {'; '.join(gpus)}.  ")
@@ -194,8 +200,9 @@ def build(runs):
                    f"{k['notrun']} | {k['na']} |")  # fmt: skip
     out.append("")
     out.append(
-        "Legend: ✓ every cell passed (values equal numpy's, bit for bit; the same data pointer; "
-        "the producer deleted and its memory reused before the read); **✗ n** n cells failed; "
+        "Legend: ✓ every cell passed (values equal numpy's, bit for bit; for transfers also the "
+        "same data pointer, and the producer deleted and its memory reused before the read; for "
+        "add, `out` written in place); **✗ n** n cells failed; "
         "n/s<sup>k</sup> not supported by the library named in note k, which raised that "
         "library's own error; · not applicable (note says why); not run: the library or the "
         "GPU was missing on the machine of every run. A number after a symbol counts cells "
