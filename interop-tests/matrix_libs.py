@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - jax brings it; without it bfloat16 cel
     ml_dtypes = None
 
 import cubridge as cb
+from conftest import sample
 
 LIBRARIES = ["cubridge", "numpy", "torch", "cupy", "jax", "numba"]
 PROTOCOLS = ["dlpack-legacy", "dlpack-versioned", "exchange-table", "cai", "buffer"]
@@ -78,16 +79,11 @@ def np_dtype(name):
 
 
 def reference_base(dtype, shape, seed=0):
-    """Deterministic values of `dtype` (bfloat16 values are exact float32 values rounded once)."""
-    rng = np.random.default_rng(seed)
-    if dtype == "bool":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if dtype.startswith(("int", "uint")):
-        return rng.integers(0, 60, size=shape).astype(dtype)
-    if dtype.startswith("complex"):
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    values = rng.standard_normal(shape).astype(np.float32)
-    return values.astype(np_dtype(dtype))
+    """The suite's deterministic values (conftest.sample); bfloat16 ones are float32 values
+    rounded once, so every producer can build them exactly."""
+    if dtype == "bfloat16":
+        return sample(shape, "float32", seed).astype(np_dtype("bfloat16"))
+    return sample(shape, dtype, seed)
 
 
 def comparable(a):
@@ -288,10 +284,6 @@ def _proto_is(*names):
     return lambda cell: cell.protocol in names
 
 
-def _all(*preds):
-    return lambda cell: all(p(cell) for p in preds)
-
-
 def _layout_is(*names):
     return lambda cell: cell.layout in names
 
@@ -303,8 +295,8 @@ LIMITS = [
     # numpy
     Limit("numpy", "numpy", "producer", ("BufferError",), "DLPack only supports",
           "numpy's DLPack export has no bfloat16", _dtype_is("bfloat16")),
-    Limit("numpy", "numpy", "consumer", ("RuntimeError", "BufferError", "TypeError"),
-          "Unsupported dtype|dtype", "numpy has no bfloat16", _dtype_is("bfloat16")),
+    Limit("numpy", "numpy", "consumer", ("RuntimeError", "BufferError"), "Unsupported dtype",
+          "numpy has no bfloat16", _dtype_is("bfloat16")),
     Limit("numpy", "numpy", "consumer", ("BufferError", "RuntimeError"), "[Uu]nsupported device",
           "numpy reads DLPack host memory of device types 1, 3 and 13 only"),
     Limit("numpy", "cubridge", "consumer", ("BufferError",), "DLPack only supports",
@@ -345,17 +337,13 @@ LIMITS = [
     Limit("torch", "torch", "producer", ("NoStream",), "",
           "torch's CUDA array interface (version 2) has no stream: consumers cannot order after "
           "work pending on a non-default stream", _proto_is("cai")),
-    Limit("torch", "torch", "consumer", ("RuntimeError", "ValueError", "BufferError", "TypeError"),
-          "contiguous", "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
-    Limit("torch", "torch", "consumer", ("RuntimeError",), "could not retrieve buffer",
-          "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
     Limit("torch", "torch", "consumer", ("ValueError",), "must be a multiple of element size",
           "torch.asarray reads a buffer as flat bytes of its default dtype: the element type of "
           "a 0-d buffer is lost", _proto_is("buffer")),
     Limit("torch", "torch", "consumer", ("Copied",), "",
           "torch.as_tensor copies managed memory handed over by the CUDA array interface",
           lambda cell: cell.protocol == "cai" and cell.device == "cuda_managed"),
-    Limit("torch", "torch", "consumer", ("RuntimeError",), "non-contiguous buffers",
+    Limit("torch", "torch", "consumer", ("RuntimeError",), "could not retrieve (a contiguous )?buffer",
           "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
     Limit("torch", "torch", "consumer", ("TypeError", "RuntimeError", "AttributeError"),
           "invalid capsule|__dlpack__", "torch.from_dlpack does not read the C exchange table", _proto_is("exchange-table")),
@@ -373,9 +361,7 @@ LIMITS = [
           "jax.numpy.from_dlpack does not read the C exchange table", _proto_is("exchange-table")),
 ]
 LIMITS += [
-    Limit("cupy", "cupy", "producer", ("Exception",), "bfloat16|dtype",
-          "cupy has no bfloat16 dtype", _dtype_is("bfloat16")),
-    Limit("numba", "numba", "producer", ("Exception",), "bfloat16|dtype|type",
+    Limit("numba", "numba", "producer", ("NumbaNotImplementedError",), "bfloat16",
           "numba has no bfloat16 dtype", _dtype_is("bfloat16")),
     Limit("cupy", "cupy", "producer", ("TypeError",), "Accessing a CuPy",
           "cupy arrays refuse the buffer protocol, managed memory included", _proto_is("buffer")),
@@ -858,7 +844,7 @@ class Numba(Lib):
 
     def make(self, base, device):
         cuda = self.module
-        self_check = importlib.import_module("numba").from_dtype(base.dtype)  # noqa: F841
+        importlib.import_module("numba").from_dtype(base.dtype)  # numba's error for bfloat16
         if device == "cuda_managed":
             x = cuda.managed_array(base.shape, base.dtype)
             x[...] = base

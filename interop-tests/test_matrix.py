@@ -89,7 +89,7 @@ def test_transfer(cell, request):
     x, ptr, h = steps.run(cell.producer, "producer", produce)
 
     def consume():
-        if cell.consumer == "torch" and cell.layout == "negative":
+        if cell.consumer == "torch" and cell.layout == "negative" and cell.protocol != "exchange-table":
             refusal = C.refuse_negative_strides()  # torch 2.11 aborts on such a descriptor
             if refusal is not None:
                 raise refusal
