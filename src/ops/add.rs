@@ -119,7 +119,9 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
     };
     let contiguous = plan.shape.len() == 1 && plan.strides.iter().all(|s| s[0] == 1);
     let block = launch::BLOCK;
-    let (function, grid, block) = if contiguous {
+    // The last item says whether the grid is the kernel's whole work (the vector kernel: one
+    // chunk per block) rather than a size to cap at what the device keeps resident.
+    let (function, grid, block, whole) = if contiguous {
         let width = kernels.width;
         let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b.dtype())]
             .iter()
@@ -129,12 +131,13 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
             // One chunk per block: a grid of short-lived blocks streams better than a resident
             // grid-stride loop (the kernel still loops if the grid is capped).
             let chunks = (n / width).div_ceil(block as usize * kernels::UNROLL);
-            (kernels.vector[index as usize], chunks, (block, 1))
+            (kernels.vector[index as usize], chunks, (block, 1), true)
         } else {
             (
                 kernels.contiguous[index as usize],
                 n.div_ceil(block as usize),
                 (block, 1),
+                false,
             )
         }
     } else if tile != 0 {
@@ -149,7 +152,12 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
         params.push((&mut tile as *mut i32).cast());
         let edge = kernels::tile_edge(a.dtype(), b.dtype());
         let tiles = plan.shape[0].div_ceil(edge) * plan.shape[1].div_ceil(edge);
-        (kernels.tiled[index as usize], tiles, kernels::TILE_BLOCK)
+        (
+            kernels.tiled[index as usize],
+            tiles,
+            kernels::TILE_BLOCK,
+            false,
+        )
     } else {
         params.push(count);
         params.push((&mut geometry as *mut kernels::Geometry).cast());
@@ -157,9 +165,10 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
             kernels.strided[index as usize],
             n.div_ceil(block as usize),
             (block, 1),
+            false,
         )
     };
-    let grid = if function == kernels.vector[index as usize] {
+    let grid = if whole {
         grid.clamp(1, i32::MAX as usize) as u32
     } else {
         kernels::grid(ordinal, grid, block.0 * block.1)?
