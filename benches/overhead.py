@@ -11,6 +11,7 @@
 """
 
 import argparse
+import ctypes
 import os
 import statistics
 import time
@@ -35,6 +36,43 @@ def per_call(fn, calls, rounds=5):
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
+
+
+# An empty kernel, for the driver's own launch cost.
+NOOP_PTX = b""".version 7.0
+.target sm_50
+.address_size 64
+.visible .entry noop() { ret; }
+"""
+
+
+def attribution(a, b, c, calls):
+    """The pieces of a cubridge.add call, timed apart: the same add on cubridge views of the
+    tensors (no import), and single CUDA driver calls made through ctypes (each includes the
+    ctypes call itself, measured alone on the first line)."""
+    parts = {}
+    va, vb, vc = cb.from_dlpack(a), cb.from_dlpack(b), cb.from_dlpack(c)
+    parts["cubridge.add on cubridge views (no import)"] = per_call(
+        lambda: cb.add(va, vb, out=vc), calls)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    ctx = ctypes.c_void_p()
+    parts["ctypes: cuCtxGetCurrent (the ctypes cost itself)"] = per_call(
+        lambda: cuda.cuCtxGetCurrent(ctypes.byref(ctx)), calls)
+    module, fn, ev = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuModuleLoadData(ctypes.byref(module), NOOP_PTX) == 0
+    assert cuda.cuModuleGetFunction(ctypes.byref(fn), module, b"noop") == 0
+    assert cuda.cuEventCreate(ctypes.byref(ev), 2) == 0  # CU_EVENT_DISABLE_TIMING
+    null = ctypes.c_void_p()
+    legacy = ctypes.c_void_p(1)  # CU_STREAM_LEGACY
+    parts["ctypes: cuLaunchKernel, empty kernel"] = per_call(
+        lambda: cuda.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, legacy, null, null), calls)
+    parts["ctypes: cuEventRecord"] = per_call(lambda: cuda.cuEventRecord(ev, legacy), calls)
+    parts["ctypes: cuEventQuery"] = per_call(lambda: cuda.cuEventQuery(ev), calls)
+    side = torch.cuda.Stream()
+    parts["ctypes: cuStreamWaitEvent"] = per_call(
+        lambda: cuda.cuStreamWaitEvent(ctypes.c_void_p(side.cuda_stream), ev, 0), calls)
+    parts["cubridge.from_dlpack(torch tensor)"] = per_call(lambda: cb.from_dlpack(a), calls)
+    return parts
 
 
 def main():
@@ -65,6 +103,11 @@ def main():
     print(f"  cubridge / torch time: {add['cubridge.add(a, b, out=c)'] / t_torch:.2f}x "
           "(goal <= 1.0, target 0.5)")
 
+    parts = attribution(a, b, c, n)
+    print("\nwhere a call's time goes (per call)")
+    for k, v in parts.items():
+        print(f"  {k:58} {v * 1e6:7.2f} us")
+
     x = cb.arange(1024, device="cuda")
     y = cp.arange(1024, dtype=cp.float32)
     t = torch.arange(1024, dtype=torch.float32, device="cuda")
@@ -91,7 +134,7 @@ def main():
               f"ratio {t_ours / t_peer:.2f}x (goal <= 1.0)")
     os.makedirs(args.out, exist_ok=True)
     save_json(os.path.join(args.out, "overhead.json"),
-              {"info": info, "add": add, "exchange": exchange})
+              {"info": info, "add": add, "exchange": exchange, "attribution": parts})
     series = {k: [(1, v * 1e6), (2, v * 1e6)] for k, v in add.items()}
     plot(os.path.join(args.out, "overhead.png"), "per-call time, 1024 elements", "", "us",
          series, logx=False)

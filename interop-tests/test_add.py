@@ -178,8 +178,8 @@ def test_foreign_out_is_written_in_place():
     a, b = sample((3, 4), "float32", 1), sample((4,), "float32", 2)
     out = torch.zeros(3, 4)
     ptr = out.data_ptr()
-    r = cb.add(a, b, out=out)
-    assert r.data_ptr == ptr
+    assert cb.add(a, b, out=out) is out
+    assert out.data_ptr() == ptr
     np.testing.assert_array_equal(out.numpy(), a + b)
     # A transposed torch out.
     out_t = torch.zeros(4, 3).T

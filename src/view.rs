@@ -51,6 +51,40 @@ pub unsafe fn from_descriptor(
     d: &Descriptor<'_>,
     keepalive: Box<dyn Any + Send + Sync>,
 ) -> Result<Array> {
+    let checked = check(d)?;
+    // SAFETY: the caller's contract.
+    Ok(unsafe { checked.into_array(keepalive) })
+}
+
+/// A descriptor that passed [`check`]: what a view needs, owning no borrowed fields, so that
+/// the producer's tensor can be handed over after its descriptor was read.
+pub struct Checked {
+    layout: Layout,
+    ptr: *mut u8,
+    dtype: DType,
+    device: Device,
+    readonly: bool,
+}
+
+impl Checked {
+    /// The view, with `keepalive` keeping the memory valid.
+    ///
+    /// # Safety
+    /// As [`from_descriptor`]'s: while `keepalive` lives, the memory the checked descriptor
+    /// named is the producer's live allocation.
+    pub unsafe fn into_array(self, keepalive: Box<dyn Any + Send + Sync>) -> Array {
+        // SAFETY: the caller vouches that the memory stays valid while keepalive lives; the
+        // buffer owns keepalive.
+        let buffer = Arc::new(unsafe { Buffer::foreign(self.ptr, keepalive) });
+        // SAFETY: layout validated by `check` (non-negative shape, addressable extent,
+        // alignment, and the bounds where the protocol states them); device and read-only flag
+        // come from the producer.
+        unsafe { Array::from_parts(buffer, self.layout, self.dtype, self.device, self.readonly) }
+    }
+}
+
+/// Checks every field of a descriptor (see [`from_descriptor`]).
+pub fn check(d: &Descriptor<'_>) -> Result<Checked> {
     let itemsize = d.dtype.itemsize();
     let layout = Layout::from_untrusted(d.shape, d.strides, 0, itemsize)?;
     let first = d
@@ -91,12 +125,13 @@ pub unsafe fn from_descriptor(
             }
         }
     }
-    // SAFETY: the caller vouches that the memory stays valid while keepalive lives; the buffer
-    // owns keepalive.
-    let buffer = Arc::new(unsafe { Buffer::foreign(ptr, keepalive) });
-    // SAFETY: layout validated above (non-negative shape, addressable extent, alignment, and the
-    // bounds where the protocol states them); device and read-only flag come from the producer.
-    Ok(unsafe { Array::from_parts(buffer, layout, d.dtype, d.device, d.readonly) })
+    Ok(Checked {
+        layout,
+        ptr,
+        dtype: d.dtype,
+        device: d.device,
+        readonly: d.readonly,
+    })
 }
 
 /// A view over an imported DLPack managed tensor (either ABI). The managed tensor's deleter runs
@@ -111,29 +146,25 @@ pub fn from_managed<M: ManagedTensorBase>(managed: Managed<M>) -> Result<Array> 
             "DLPack ndim {ndim} is outside 0..={MAX_NDIM}"
         )));
     }
-    let tensor = managed
-        .validate()
-        .map_err(|e| Error::invalid(format!("invalid DLPack tensor: {e}")))?;
-    let dtype = DType::from_dlpack(tensor.dtype())?;
-    let device = Device::from_dlpack(tensor.device())?;
-    let shape = tensor.shape().to_vec();
-    let strides = tensor.strides().map(<[i64]>::to_vec);
-    let data = tensor.data_ptr() as usize;
-    let byte_offset = tensor.byte_offset();
     let readonly = managed.flags().contains(DlpackFlags::READ_ONLY);
-    let descriptor = Descriptor {
-        data,
-        byte_offset,
-        shape: &shape,
-        strides: strides.as_deref(),
-        dtype,
-        device,
-        readonly,
-        len_bytes: None,
+    let checked = {
+        let tensor = managed
+            .validate()
+            .map_err(|e| Error::invalid(format!("invalid DLPack tensor: {e}")))?;
+        check(&Descriptor {
+            data: tensor.data_ptr() as usize,
+            byte_offset: tensor.byte_offset(),
+            shape: tensor.shape(),
+            strides: tensor.strides(),
+            dtype: DType::from_dlpack(tensor.dtype())?,
+            device: Device::from_dlpack(tensor.device())?,
+            readonly,
+            len_bytes: None,
+        })?
     };
     // SAFETY: DLPack's contract: the memory stays valid until the deleter runs, which happens when
     // the boxed AllocationDeleter is dropped.
-    unsafe { from_descriptor(&descriptor, Box::new(managed.into_deleter())) }
+    Ok(unsafe { checked.into_array(Box::new(managed.into_deleter())) })
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::cuda::stream::LEGACY;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::ops;
-use dlpark::ffi::DLDeviceType;
+use crate::view::from_managed;
 use dlpark::python::consumer::exchange::ExchangeApi;
 use pyo3::prelude::*;
 
@@ -162,8 +162,17 @@ pub fn asarray(
 }
 
 /// An operand of `add`: an array (zero-copy), or a Python scalar that takes the other operand's
-/// dtype where its kind allows (the Array API's rule).
-fn operand(obj: &Bound<'_, PyAny>, other: Option<&Array>, consumer: usize) -> PyResult<Array> {
+/// dtype where its kind allows (the Array API's rule). `exchanged` is the operand already taken
+/// through the C exchange table, if it was.
+fn operand(
+    obj: &Bound<'_, PyAny>,
+    exchanged: Option<Exchanged>,
+    other: Option<&Array>,
+    consumer: usize,
+) -> PyResult<Array> {
+    if let Some(e) = exchanged {
+        return Ok(e.array);
+    }
     if let Some(value) = python_scalar(obj)? {
         let dtype = other.map_or(default_dtype(value), |o| o.dtype());
         let device = other.map_or(crate::Device::Cpu, |o| o.device());
@@ -172,24 +181,38 @@ fn operand(obj: &Bound<'_, PyAny>, other: Option<&Array>, consumer: usize) -> Py
     Ok(import(obj, consumer, Use::Immediate)?.array)
 }
 
-/// The current work stream of the first CUDA operand whose framework publishes one through the
-/// DLPack C exchange table (PyTorch's current stream), in DLPack numbering.
-fn producer_work_stream(objects: &[&Bound<'_, PyAny>]) -> Option<usize> {
-    for obj in objects {
-        if obj.cast::<PyArray>().is_ok() || python_scalar(obj).ok().flatten().is_some() {
-            continue;
-        }
-        let Ok(Some(api)) = ExchangeApi::from_object(obj.as_borrowed()) else {
-            continue;
-        };
-        let found = api.with_tensor_view_no_sync(obj.as_borrowed(), |t, stream| {
-            (t.device.device_type == DLDeviceType::CUDA).then_some(stream as usize)
-        });
-        if let Ok(Some(stream)) = found {
-            return Some(if stream == 0 { LEGACY } else { stream });
-        }
+/// An operand taken through its producer's DLPack C exchange table: one export, with the
+/// producer's current work stream (DLPack numbering, CUDA only), on which its data is ready.
+struct Exchanged {
+    array: Array,
+    stream: Option<usize>,
+    copied: bool,
+}
+
+/// `obj` through the C exchange table, when its type publishes one (PyTorch); `None` for
+/// anything else, and for a table export that fails, so that the general import path gives the
+/// answer (its fallbacks, or its error).
+fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
+    if obj.cast::<PyArray>().is_ok() {
+        return None;
     }
-    None
+    let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
+    let (managed, stream) = api
+        .import_managed_no_sync(obj.as_borrowed())
+        .ok()?
+        .into_parts();
+    let copied = managed.flags().contains(dlpark::DlpackFlags::IS_COPIED);
+    let array = from_managed(managed).ok()?;
+    let stream = match array.device() {
+        crate::Device::Cuda(_) if stream.is_null() => Some(LEGACY),
+        crate::Device::Cuda(_) => Some(stream as usize),
+        _ => None,
+    };
+    Some(Exchanged {
+        array,
+        stream,
+        copied,
+    })
 }
 
 /// `a + b` into a new array or into `out`; see the README for the rules.
@@ -205,19 +228,34 @@ pub fn add(
     let _restore = crate::cuda::context::Restore::new();
     let explicit = super::stream::parse(stream)?;
     let out = out.filter(|o| !o.is_none());
-    let mut objects = vec![a, b];
-    objects.extend(out);
+    // Operands whose producers publish the C exchange table come first: the kernel runs on the
+    // first one's current work stream unless `stream=` names one, and each is ordered before
+    // that stream below. Every other operand is imported with that stream as its consumer.
+    let [mut ex_a, mut ex_b, mut ex_out] = [Some(a), Some(b), out].map(|o| o.and_then(exchanged));
     let kernel_stream = explicit
-        .or_else(|| producer_work_stream(&objects))
+        .or_else(|| {
+            [&ex_a, &ex_b, &ex_out]
+                .iter()
+                .find_map(|e| e.as_ref()?.stream)
+        })
         .unwrap_or(LEGACY);
+    // Producer streams that the kernel stream must wait for, by device.
+    let waits: Vec<(usize, crate::Device)> = [&ex_a, &ex_b, &ex_out]
+        .iter()
+        .filter_map(|e| {
+            let e = e.as_ref()?;
+            let s = e.stream?;
+            (s != kernel_stream).then(|| (s, e.array.device()))
+        })
+        .collect();
     let (x, y) = match (python_scalar(a)?.is_some(), python_scalar(b)?.is_some()) {
         (true, false) => {
-            let y = operand(b, None, kernel_stream)?;
-            (operand(a, Some(&y), kernel_stream)?, y)
+            let y = operand(b, ex_b.take(), None, kernel_stream)?;
+            (operand(a, ex_a.take(), Some(&y), kernel_stream)?, y)
         }
         _ => {
-            let x = operand(a, None, kernel_stream)?;
-            let y = operand(b, Some(&x), kernel_stream)?;
+            let x = operand(a, ex_a.take(), None, kernel_stream)?;
+            let y = operand(b, ex_b.take(), Some(&x), kernel_stream)?;
             (x, y)
         }
     };
@@ -228,7 +266,13 @@ pub fn add(
     }
     let out_array = match out {
         Some(o) => {
-            let imported = import(o, kernel_stream, Use::Immediate)?;
+            let imported = match ex_out.take() {
+                Some(e) => super::import::Imported {
+                    array: e.array,
+                    copied: e.copied,
+                },
+                None => import(o, kernel_stream, Use::Immediate)?,
+            };
             if imported.copied {
                 return Err(Error::invalid(
                     "out's producer exported a copy, so writes would not reach it",
@@ -239,11 +283,21 @@ pub fn add(
         }
         None => None,
     };
-    let result = py.detach(|| ops::add(&x, &y, out_array.as_ref(), Some(kernel_stream)))?;
-    match out {
-        Some(o) if o.cast::<PyArray>().is_ok() => Ok(o.clone().unbind()),
-        _ => Ok(Bound::new(py, PyArray::new(result))?.into_any().unbind()),
-    }
+    let device = x.device();
+    let result = py.detach(|| -> crate::error::Result<Array> {
+        // The driver may wait on its own locks here: never with the GIL held.
+        for &(producer, d) in &waits {
+            if let (crate::Device::Cuda(n), true) = (d, d == device) {
+                crate::cuda::stream::order(kernel_stream, producer, n)?;
+            }
+        }
+        ops::add(&x, &y, out_array.as_ref(), Some(kernel_stream))
+    })?;
+    // Like numpy and torch, `out` itself is the result when given.
+    Ok(match out {
+        Some(o) => o.clone().unbind(),
+        None => Bound::new(py, PyArray::new(result))?.into_any().unbind(),
+    })
 }
 
 /// `a + b` for the `+` operator: like [`add`], returning NotImplemented for foreign operands

@@ -37,8 +37,9 @@ pub struct Imported {
     pub copied: bool,
 }
 
-fn has_attr(obj: &Bound<'_, PyAny>, name: &str) -> bool {
-    obj.hasattr(name).unwrap_or(false)
+fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
+    obj.hasattr(pyo3::intern!(obj.py(), "__dlpack__"))
+        .unwrap_or(false)
 }
 
 fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
@@ -56,7 +57,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Im
             copied: false,
         });
     }
-    if is_capsule(obj) || has_attr(obj, "__dlpack__") {
+    if is_capsule(obj) || has_dlpack(obj) {
         match import_dlpack(obj, consumer, use_) {
             Ok(imported) => return Ok(imported),
             // A producer whose DLPack export fails or is malformed (BufferError: for example a
