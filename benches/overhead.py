@@ -1,4 +1,5 @@
-"""Per-call host cost of cubridge beside its peers, in one run (wall time, median of 5 rounds):
+"""Per-call host cost of cubridge beside its peers, in one run (wall time, median of 7 rounds,
+the rounds of the functions compared interleaved):
 
 1. small-call overhead: cubridge.add(a, b, out=c) against torch.add(a, b, out=c) (and
    cupy.add on the same memory) on 1024-element float32 CUDA tensors, 20 000 calls a round;
@@ -24,18 +25,27 @@ import cubridge as cb
 from _common import header, plot, save_json, versions
 
 
-def per_call(fn, calls, rounds=5):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def interleaved(fns, calls, rounds=7):
+    """Median wall time per call of each function in `fns` (a dict), with the rounds of all of
+    them interleaved, so that the machine's drift over a run (about 30% here) falls on each
+    alike rather than on whichever was measured last."""
+    for fn in fns.values():
+        for _ in range(200):
             fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[k].append((time.perf_counter() - t0) / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def per_call(fn, calls):
+    return interleaved({"fn": fn}, calls)["fn"]
 
 
 # An empty kernel, for the driver's own launch cost.
@@ -64,8 +74,10 @@ def attribution(a, b, c, calls):
     assert cuda.cuEventCreate(ctypes.byref(ev), 2) == 0  # CU_EVENT_DISABLE_TIMING
     null = ctypes.c_void_p()
     legacy = ctypes.c_void_p(1)  # CU_STREAM_LEGACY
-    parts["ctypes: cuLaunchKernel, empty kernel"] = per_call(
+    parts["ctypes: cuLaunchKernel, empty kernel, stream CU_STREAM_LEGACY"] = per_call(
         lambda: cuda.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, legacy, null, null), calls)
+    parts["ctypes: cuLaunchKernel, empty kernel, stream NULL"] = per_call(
+        lambda: cuda.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, null, null, null), calls)
     parts["ctypes: cuEventRecord"] = per_call(lambda: cuda.cuEventRecord(ev, legacy), calls)
     parts["ctypes: cuEventQuery"] = per_call(lambda: cuda.cuEventQuery(ev), calls)
     side = torch.cuda.Stream()
@@ -91,11 +103,11 @@ def main():
     cb.add(a, b, out=c)
     torch.cuda.synchronize()
     assert torch.equal(c, a + b)
-    add = {
-        "torch.add(a, b, out=c)": per_call(lambda: torch.add(a, b, out=c), n),
-        "cupy.add(a, b, out=c)": per_call(lambda: cp.add(ca, cb_, out=cc), n),
-        "cubridge.add(a, b, out=c)": per_call(lambda: cb.add(a, b, out=c), n),
-    }
+    add = interleaved({
+        "torch.add(a, b, out=c)": lambda: torch.add(a, b, out=c),
+        "cupy.add(a, b, out=c)": lambda: cp.add(ca, cb_, out=cc),
+        "cubridge.add(a, b, out=c)": lambda: cb.add(a, b, out=c),
+    }, n)
     print(f"\nsmall-call overhead, 1024 float32 elements, {n} calls a round")
     for k, v in add.items():
         print(f"  {k:28} {v * 1e6:7.2f} us")
@@ -127,7 +139,8 @@ def main():
     exchange = []
     print(f"\nexchange, per call ({n} calls a round)")
     for ours, f_ours, peer, f_peer in pairs:
-        t_ours, t_peer = per_call(f_ours, n), per_call(f_peer, n)
+        t = interleaved({"ours": f_ours, "peer": f_peer}, n)
+        t_ours, t_peer = t["ours"], t["peer"]
         exchange.append({"ours": ours, "peer": peer, "ours_s": t_ours, "peer_s": t_peer,
                          "ratio": t_ours / t_peer})
         print(f"  {ours:30} {t_ours * 1e6:7.2f} us   {peer:48} {t_peer * 1e6:7.2f} us   "

@@ -236,14 +236,35 @@ def _random(shape, dtype, gen):
 @pytest.mark.parametrize(
     "case",
     ["vector", "misaligned", "odd-length", "tile-a", "tile-b", "tile-both", "out-transposed",
-     "column-broadcast", "3-d"],
+     "column-broadcast", "3-d", "even-tile-a", "even-tile-both", "even-tile-a-row-broadcast",
+     "even-tile-a-misaligned-b", "even-tile-b-misaligned-out"],
 )
 def test_every_add_kernel_variant(dtype, case):
     """Each kernel variant the host may choose (vectorized, scalar contiguous, strided, tiled;
-    edges that are not multiples of a pack, an unroll chunk or a tile) against torch."""
+    edges that are not multiples of a pack, an unroll chunk or a tile) against torch. The
+    "even" cases add tiled layouts with an even number of columns (still no tile multiple), an
+    operand broadcast along rows, and an operand or out one element off an aligned start."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows, cols = 67, 131  # edges that no tile or pack divides
-    if case in ("vector", "odd-length", "misaligned"):
+    if case.startswith("even"):
+        cols = 130  # even, but not a multiple of a tile
+
+        def shifted(shape):  # contiguous, one element past an aligned start
+            return _random(rows * cols + 1, dtype, gen)[1:].view(shape)
+
+        a = _random((cols, rows), dtype, gen).T if "tile-a" in case else _random(
+            (rows, cols), dtype, gen)
+        b = _random((cols, rows), dtype, gen).T if "tile-b" in case or "both" in case else (
+            _random((rows, cols), dtype, gen))
+        if "both" in case:
+            a = _random((cols, rows), dtype, gen).T
+        if case.endswith("row-broadcast"):
+            b = _random((1, cols), dtype, gen).expand(rows, cols)
+        if case.endswith("misaligned-b"):
+            b = shifted((rows, cols))
+        out = shifted((rows, cols)) if case.endswith("misaligned-out") else torch.empty(
+            (rows, cols), device="cuda", dtype=a.dtype)
+    elif case in ("vector", "odd-length", "misaligned"):
         n = {"vector": 1 << 16, "odd-length": 1_000_003, "misaligned": 4099}[case]
         a, b = _random(n + 1, dtype, gen), _random(n + 1, dtype, gen)
         a, b = (a[1:], b[1:]) if case == "misaligned" else (a[:n], b[:n])

@@ -170,26 +170,30 @@ __device__ void add_strided(R* out, const A* a, const B* b, I n, const Geometry&
 }
 
 // Two dimensions [rows, cols] where out runs along cols (stride 1) and an input runs along
-// rows (it is a transposed view). Such an input is read a T x T tile at a time along its own
+// rows (it is a transposed view). Such an input is read an E x E tile at a time along its own
 // unit stride into shared memory, then read back across, so that every global access of a warp
-// covers whole 32-byte sectors. A block is 32 x 8 threads; each handles T / 32 columns and
-// T / 8 rows of a tile. Blocks take tiles in a grid-stride loop. T is 64 for elements of up to
-// 2 bytes and 32 above; rows of a tile are padded to keep shared-memory reads conflict-free.
+// covers whole 32-byte sectors. A block is 32 x 8 threads and takes one tile (the host launches
+// one block per tile; the loop covers a capped grid). Thread x adds columns x + 32 s (s < E / 32)
+// of E / 8 rows. E is 64 for elements of up to 4 bytes and 32 above; tile rows are padded to a
+// word past E, which keeps the reads across conflict-free.
+//
+// The tiles live in dynamic shared memory, sized by the host for the tiled inputs only
+// (kernels::tile_shared_bytes mirrors TileOf: keep the two in step).
 template <typename T> struct TileOf {
-    static const int edge = sizeof(T) <= 2 ? 64 : 32;
+    static const int edge = sizeof(T) <= 4 ? 64 : 32;
     static const int pad = sizeof(T) >= 4 ? 1 : 4 / sizeof(T);
 };
 
-template <int E, typename T, typename I>
-__device__ __forceinline__ void load_tile(T (*tile)[E + TileOf<T>::pad], const T* src, I r0,
-                                          I c0, I rows, I cols, I s0, I s1) {
+template <int E, int PITCH, typename T, typename I>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, I r0, I c0, I rows, I cols,
+                                          I s0, I s1) {
     // Thread x walks src's unit-stride dimension (rows), so a warp reads consecutive elements.
     for (int k = threadIdx.y; k < E; k += blockDim.y) {
         const I c = c0 + k;
 #pragma unroll
         for (int e = 0; e < E / 32; ++e) {
             const I r = r0 + threadIdx.x + 32 * e;
-            if (r < rows && c < cols) tile[k][threadIdx.x + 32 * e] = src[r * s0 + c * s1];
+            if (r < rows && c < cols) tile[k * PITCH + threadIdx.x + 32 * e] = src[r * s0 + c * s1];
         }
     }
 }
@@ -215,38 +219,42 @@ template <typename A, typename B, typename R, typename I>
 __device__ void add_tiled(R* out, const A* a, const B* b, I rows, I cols, const Geometry& g,
                           int tile) {
     constexpr int E = TileOf<A>::edge < TileOf<B>::edge ? TileOf<A>::edge : TileOf<B>::edge;
-    __shared__ A ta[E][E + TileOf<A>::pad];
-    __shared__ B tb[E][E + TileOf<B>::pad];
+    constexpr int PA = E + TileOf<A>::pad, PB = E + TileOf<B>::pad;
+    extern __shared__ __align__(16) unsigned char cb_tiles[];
+    const bool tile_a = tile & 1, tile_b = tile & 2;
+    constexpr int bytes_a = (E * PA * (int)sizeof(A) + 15) / 16 * 16;
+    A* ta = reinterpret_cast<A*>(cb_tiles);
+    B* tb = reinterpret_cast<B*>(cb_tiles + (tile_a ? bytes_a : 0));
     A va[E / 8][E / 32];
     B vb[E / 8][E / 32];
     const I so0 = (I)g.stride[0][0], so1 = (I)g.stride[0][1];
     const I sa0 = (I)g.stride[1][0], sa1 = (I)g.stride[1][1];
     const I sb0 = (I)g.stride[2][0], sb1 = (I)g.stride[2][1];
-    const bool tile_a = tile & 1, tile_b = tile & 2;
     const I tiles_c = (cols + E - 1) / E;
     const I tiles = ((rows + E - 1) / E) * tiles_c;
     for (I t = blockIdx.x; t < tiles; t += gridDim.x) {
         const I r0 = (t / tiles_c) * E, c0 = (t % tiles_c) * E;
-        if (tile_a) load_tile<E, A, I>(ta, a, r0, c0, rows, cols, sa0, sa1);
+        if (tile_a) load_tile<E, PA, A, I>(ta, a, r0, c0, rows, cols, sa0, sa1);
         else load_direct<E, A, I>(va, a, r0, c0, rows, cols, sa0, sa1);
-        if (tile_b) load_tile<E, B, I>(tb, b, r0, c0, rows, cols, sb0, sb1);
+        if (tile_b) load_tile<E, PB, B, I>(tb, b, r0, c0, rows, cols, sb0, sb1);
         else load_direct<E, B, I>(vb, b, r0, c0, rows, cols, sb0, sb1);
         __syncthreads();
 #pragma unroll
         for (int k = 0; k < E / 8; ++k) {
-            const I r = r0 + threadIdx.y + 8 * k;
+            const int i = threadIdx.y + 8 * k;
+            const I r = r0 + i;
 #pragma unroll
             for (int e = 0; e < E / 32; ++e) {
                 const int j = threadIdx.x + 32 * e;
                 const I c = c0 + j;
                 if (r < rows && c < cols) {
-                    A x = tile_a ? ta[j][threadIdx.y + 8 * k] : va[k][e];
-                    B y = tile_b ? tb[j][threadIdx.y + 8 * k] : vb[k][e];
+                    A x = tile_a ? ta[j * PA + i] : va[k][e];
+                    B y = tile_b ? tb[j * PB + i] : vb[k][e];
                     out[r * so0 + c * so1] = add_one<A, B, R>(x, y);
                 }
             }
         }
-        __syncthreads();
+        if (t + gridDim.x < tiles) __syncthreads();  // the tiles are refilled next round
     }
 }
 

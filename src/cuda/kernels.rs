@@ -16,8 +16,29 @@ pub const UNROLL: usize = 4;
 
 /// Edge of the tiled kernel's square tiles for inputs `a` and `b` (`TileOf` in the kernels).
 pub fn tile_edge(a: DType, b: DType) -> usize {
-    let edge = |d: DType| if d.itemsize() <= 2 { 64 } else { 32 };
+    let edge = |d: DType| if d.itemsize() <= 4 { 64 } else { 32 };
     edge(a).min(edge(b))
+}
+
+/// Dynamic shared memory of the tiled kernel for inputs `a`, `b` and the mask of tiled inputs
+/// (bit 0: a, bit 1: b): one tile per tiled input, laid out as `add_tiled` does (a's tile
+/// first, rounded up to 16 bytes; rows padded to a word past the edge). Mirrors `TileOf` in
+/// the kernels.
+pub fn tile_shared_bytes(a: DType, b: DType, mask: i32) -> u32 {
+    let edge = tile_edge(a, b);
+    let bytes = |d: DType| {
+        let size = d.itemsize();
+        let pad = if size >= 4 { 1 } else { 4 / size };
+        edge * (edge + pad) * size
+    };
+    let mut total = 0;
+    if mask & 1 != 0 {
+        total += bytes(a).div_ceil(16) * 16;
+    }
+    if mask & 2 != 0 {
+        total += bytes(b);
+    }
+    total as u32
 }
 
 /// Threads of a tiled-kernel block, (x, y).

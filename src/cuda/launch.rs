@@ -8,7 +8,8 @@ use std::ffi::c_void;
 /// Threads per block for the elementwise kernels.
 pub const BLOCK: u32 = 256;
 
-/// Launches `function` with `grid` blocks of `block` threads (x, y) on `stream`.
+/// Launches `function` with `grid` blocks of `block` threads (x, y) and `shared` bytes of
+/// dynamic shared memory on `stream`.
 ///
 /// # Safety
 /// 1. `function` belongs to the context current on this thread.
@@ -18,6 +19,7 @@ pub unsafe fn launch(
     function: sys::CUfunction,
     grid: u32,
     block: (u32, u32),
+    shared: u32,
     stream: sys::CUstream,
     params: &mut [*mut c_void],
 ) -> Result<()> {
@@ -28,7 +30,7 @@ pub unsafe fn launch(
                 function,
                 (grid, 1, 1),
                 (block.0, block.1, 1),
-                0,
+                shared,
                 stream,
                 params,
             )

@@ -119,8 +119,10 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
     };
     let contiguous = plan.shape.len() == 1 && plan.strides.iter().all(|s| s[0] == 1);
     let block = launch::BLOCK;
+    let mut shared = 0;
     // The last item says whether the grid is the kernel's whole work (the vector kernel: one
-    // chunk per block) rather than a size to cap at what the device keeps resident.
+    // chunk per block; the tiled kernel: one tile per block) rather than a size to cap at what
+    // the device keeps resident.
     let (function, grid, block, whole) = if contiguous {
         let width = kernels.width;
         let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b.dtype())]
@@ -152,11 +154,13 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
         params.push((&mut tile as *mut i32).cast());
         let edge = kernels::tile_edge(a.dtype(), b.dtype());
         let tiles = plan.shape[0].div_ceil(edge) * plan.shape[1].div_ceil(edge);
+        shared = kernels::tile_shared_bytes(a.dtype(), b.dtype(), tile);
+        // One block per tile: short-lived blocks stream better than a resident grid here too.
         (
             kernels.tiled[index as usize],
             tiles,
             kernels::TILE_BLOCK,
-            false,
+            true,
         )
     } else {
         params.push(count);
@@ -177,7 +181,8 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
     // SAFETY: the parameters match the chosen kernel's signature in kernels::add (pointers, then
     // n, or rows, cols, Geometry and the tile mask, in the chosen index width, which fits every
     // index and offset: fits_32_bits); the vector kernel is chosen only when every pointer is
-    // aligned to its pack. Every pointer addresses its operand's validated layout on this
+    // aligned to its pack; the tiled kernel gets the shared memory its tiles need
+    // (tile_shared_bytes). Every pointer addresses its operand's validated layout on this
     // device, `out` is writable and overlaps an input only exactly (checked); all three buffers
     // are kept alive until the kernel has run (keep_alive_until below).
     unsafe {
@@ -185,6 +190,7 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
             function,
             grid,
             block,
+            shared,
             cuda_stream::handle(stream),
             &mut params,
         )?
@@ -283,6 +289,20 @@ mod tests {
         // Three dimensions are left to the strided kernel.
         let plan = coalesce(&[2, 4, 8], [&[32, 8, 1], &[1, 2, 8], &[32, 8, 1]]);
         assert_eq!(transposed_inputs(&plan), 0);
+
+        // The tiles of every dtype triple fit the 48 KiB a block gets without opting in.
+        for a in DType::ALL {
+            for b in DType::ALL {
+                for mask in 1..=3 {
+                    let bytes = kernels::tile_shared_bytes(a, b, mask);
+                    assert!(bytes <= 48 << 10, "{a} {b} {mask}: {bytes}");
+                }
+            }
+        }
+        assert_eq!(
+            kernels::tile_shared_bytes(DType::Float16, DType::Float32, 3),
+            64 * 66 * 2 + 64 * 65 * 4
+        );
 
         let small = coalesce(&[1 << 20], [&[1], &[1], &[1]]);
         assert!(fits_32_bits(&small, 1 << 20));

@@ -115,6 +115,7 @@ fn gather(src: &Array) -> Result<Array> {
             function,
             kernels::grid(n, count.div_ceil(launch::BLOCK as usize), launch::BLOCK)?,
             (launch::BLOCK, 1),
+            0,
             stream::handle(stream::LEGACY),
             &mut params,
         )?
