@@ -139,8 +139,8 @@ def main():
     exchange = []
     print(f"\nexchange, per call ({n} calls a round)")
     for ours, f_ours, peer, f_peer in pairs:
-        t = interleaved({"ours": f_ours, "peer": f_peer}, n)
-        t_ours, t_peer = t["ours"], t["peer"]
+        timing = interleaved({"ours": f_ours, "peer": f_peer}, n)
+        t_ours, t_peer = timing["ours"], timing["peer"]
         exchange.append({"ours": ours, "peer": peer, "ours_s": t_ours, "peer_s": t_peer,
                          "ratio": t_ours / t_peer})
         print(f"  {ours:30} {t_ours * 1e6:7.2f} us   {peer:48} {t_peer * 1e6:7.2f} us   "
