@@ -1,15 +1,15 @@
 //! Module-level functions: creation, import, `add`, and `cubridge.cuda` queries.
 
 use super::array::PyArray;
-use super::import::{default_dtype, finish, from_sequence, import, python_scalar, Use};
+use super::import::{
+    default_dtype, exchanged, finish, from_sequence, import, python_scalar, Exchanged, Use,
+};
 use super::types::{parse_device, parse_dtype};
 use crate::array::Array;
 use crate::cuda::stream::LEGACY;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::ops;
-use crate::view::from_managed;
-use dlpark::python::consumer::exchange::ExchangeApi;
 use pyo3::prelude::*;
 
 fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
@@ -171,7 +171,7 @@ fn operand(
     consumer: usize,
 ) -> PyResult<Array> {
     if let Some(e) = exchanged {
-        return Ok(e.array);
+        return Ok(e.imported.array);
     }
     if let Some(value) = python_scalar(obj)? {
         let dtype = other.map_or(default_dtype(value), |o| o.dtype());
@@ -179,40 +179,6 @@ fn operand(
         return Ok(ops::full(&[], value, dtype, device)?);
     }
     Ok(import(obj, consumer, Use::Immediate)?.array)
-}
-
-/// An operand taken through its producer's DLPack C exchange table: one export, with the
-/// producer's current work stream (DLPack numbering, CUDA only), on which its data is ready.
-struct Exchanged {
-    array: Array,
-    stream: Option<usize>,
-    copied: bool,
-}
-
-/// `obj` through the C exchange table, when its type publishes one (PyTorch); `None` for
-/// anything else, and for a table export that fails, so that the general import path gives the
-/// answer (its fallbacks, or its error).
-fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
-    if obj.cast::<PyArray>().is_ok() {
-        return None;
-    }
-    let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
-    let (managed, stream) = api
-        .import_managed_no_sync(obj.as_borrowed())
-        .ok()?
-        .into_parts();
-    let copied = managed.flags().contains(dlpark::DlpackFlags::IS_COPIED);
-    let array = from_managed(managed).ok()?;
-    let stream = match array.device() {
-        crate::Device::Cuda(_) if stream.is_null() => Some(LEGACY),
-        crate::Device::Cuda(_) => Some(stream as usize),
-        _ => None,
-    };
-    Some(Exchanged {
-        array,
-        stream,
-        copied,
-    })
 }
 
 /// `a + b` into a new array or into `out`; see the README for the rules.
@@ -245,7 +211,7 @@ pub fn add(
         .filter_map(|e| {
             let e = e.as_ref()?;
             let s = e.stream?;
-            (s != kernel_stream).then(|| (s, e.array.device()))
+            (s != kernel_stream).then(|| (s, e.imported.array.device()))
         })
         .collect();
     let (x, y) = match (python_scalar(a)?.is_some(), python_scalar(b)?.is_some()) {
@@ -267,10 +233,7 @@ pub fn add(
     let out_array = match out {
         Some(o) => {
             let imported = match ex_out.take() {
-                Some(e) => super::import::Imported {
-                    array: e.array,
-                    copied: e.copied,
-                },
+                Some(e) => e.imported,
                 None => import(o, kernel_stream, Use::Immediate)?,
             };
             if imported.copied {

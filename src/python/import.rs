@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::ops;
 use crate::view::from_managed;
 use dlpark::ffi::DLDeviceType;
+use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::python::{from_dlpack as dlpark_import, DlpackStream, ImportRequest, ImportedDlpack};
 use dlpark::DlpackFlags;
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
@@ -104,6 +105,39 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Im
          __cuda_array_interface__ or the buffer protocol",
         obj.get_type().name()?
     )))
+}
+
+/// An array taken through its producer's DLPack C exchange table: one export, with the
+/// producer's current work stream (DLPack numbering, CUDA only), on which its data is ready. A
+/// caller that runs work on another stream orders that stream after this one first.
+pub struct Exchanged {
+    pub imported: Imported,
+    pub stream: Option<usize>,
+}
+
+/// `obj` through the C exchange table, when its type publishes one (PyTorch); `None` for
+/// anything else, and for a table export that fails, so that [`import`] gives the answer (its
+/// fallbacks, or its error).
+pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
+    if obj.cast::<PyArray>().is_ok() {
+        return None;
+    }
+    let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
+    let (managed, stream) = api
+        .import_managed_no_sync(obj.as_borrowed())
+        .ok()?
+        .into_parts();
+    let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
+    let array = from_managed(managed).ok()?;
+    let stream = match array.device() {
+        Device::Cuda(_) if stream.is_null() => Some(crate::cuda::stream::LEGACY),
+        Device::Cuda(_) => Some(stream as usize),
+        _ => None,
+    };
+    Some(Exchanged {
+        imported: Imported { array, copied },
+        stream,
+    })
 }
 
 /// DLPack import: a versioned capsule is asked for first, with `consumer` as the stream for
