@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from conftest import NUMPY_DTYPES, _try_import, run_child, sample, torch
+from matrix_libs import CAIOnly
 
 import cubridge as cb
 
@@ -510,6 +511,29 @@ def test_producer_kept_alive_by_the_view():
     np.testing.assert_array_equal(v.to_numpy()[:5], np.arange(5, dtype=np.float32))
 
 
+def test_operands_are_held_while_the_kernel_waits_and_released_after_without_another_call():
+    """add keeps a foreign operand alive while its kernel is queued behind other work, and lets
+    it go soon after the kernel has run, though no later cubridge call comes to release it."""
+    import weakref
+
+    n = 1 << 20
+    x = CAIOnly(torch.full((n,), 1.5, device="cuda"))
+    out = torch.empty(n, device="cuda")
+    alive = weakref.ref(x)
+    torch.cuda.synchronize()
+    spin(0.5)  # the kernel queues behind half a second of work on torch's current stream
+    cb.add(x, x, out=out)
+    del x
+    gc.collect()
+    assert alive() is not None, "an operand was dropped while its kernel was still queued"
+    torch.cuda.synchronize()
+    deadline = time.monotonic() + 5
+    while alive() is not None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert alive() is None, "an operand was still held 5 s after its kernel ran"
+    assert torch.equal(out, torch.full((n,), 3.0, device="cuda"))
+
+
 def test_deleter_runs_on_another_thread():
     import threading
 
@@ -541,6 +565,26 @@ def test_interpreter_exits_cleanly_with_live_exports():
     )
     done = run_child(code)
     assert done.stdout.strip() == "ok" and "Error" not in done.stderr
+
+
+def test_operands_still_queued_at_exit_are_released_before_the_interpreter_goes():
+    code = (
+        "import cubridge as cb, torch\n"
+        "class Cai:\n"
+        "    def __init__(self, t):\n"
+        "        self.t = t\n"
+        "        self.__cuda_array_interface__ = t.__cuda_array_interface__\n"
+        "    def __del__(self):\n"
+        "        print('released', flush=True)\n"
+        "out = torch.empty(1 << 20, device='cuda')\n"
+        "torch.cuda.synchronize()\n"
+        "torch.cuda._sleep(int(0.3 * torch.cuda.get_device_properties(0).clock_rate * 1000))\n"
+        "cb.add(Cai(torch.ones(1 << 20, device='cuda')), 1.0, out=out)\n"
+        "print('queued', flush=True)\n"
+    )
+    done = run_child(code)
+    assert done.stdout.split() == ["queued", "released"], (done.stdout, done.stderr)
+    assert "Error" not in done.stderr
 
 
 @pytest.mark.skipif(numba_cuda is None, reason="numba is not installed")

@@ -191,8 +191,11 @@ impl Array {
     /// The same buffer seen through another layout of the same extent or smaller (broadcasts).
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Array> {
         Ok(Array {
+            buffer: self.buffer.clone(),
             layout: self.layout.broadcast_to(shape)?,
-            ..self.clone()
+            dtype: self.dtype,
+            device: self.device,
+            readonly: self.readonly,
         })
     }
 

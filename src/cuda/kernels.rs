@@ -87,8 +87,9 @@ enum Module {
     Gather(DType),
 }
 
-/// Loaded functions (`CUfunction` addresses, in the order asked for) by device and module.
-type FunctionCache = HashMap<(u32, Module), Vec<usize>>;
+/// Loaded functions (`CUfunction` addresses, in the order asked for) by device and module. Modules
+/// stay loaded for the process, so their lists are leaked and handed out without copying.
+type FunctionCache = HashMap<(u32, Module), &'static [usize]>;
 static CACHE: Mutex<Option<FunctionCache>> = Mutex::new(None);
 
 /// The compute capability of `ordinal` as a number (9.0 → 90).
@@ -106,11 +107,11 @@ fn functions(
     ordinal: u32,
     module: Module,
     build: impl FnOnce() -> (String, String, Vec<String>),
-) -> Result<Vec<usize>> {
+) -> Result<&'static [usize]> {
     let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     let cache = guard.get_or_insert_with(HashMap::new);
-    if let Some(found) = cache.get(&(ordinal, module)) {
-        return Ok(found.clone());
+    if let Some(&found) = cache.get(&(ordinal, module)) {
+        return Ok(found);
     }
     let (key, wrappers, names) = build();
     context::bind(ordinal)?;
@@ -134,7 +135,8 @@ fn functions(
         )?;
         found.push(f as usize);
     }
-    cache.insert((ordinal, module), found.clone());
+    let found: &'static [usize] = Vec::leak(found);
+    cache.insert((ordinal, module), found);
     Ok(found)
 }
 

@@ -7,6 +7,7 @@ pub mod kernels;
 pub mod launch;
 pub mod memory;
 pub mod nvrtc;
+pub mod release;
 pub mod stream;
 
 use crate::device::Device;

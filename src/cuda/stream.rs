@@ -6,7 +6,6 @@
 use super::{check, context};
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys};
-use std::sync::Arc;
 
 /// The legacy default stream.
 pub const LEGACY: usize = 1;
@@ -115,7 +114,7 @@ impl Event {
 
     /// Whether the work before the event is done (an error counts as done: nothing more will
     /// happen on its account).
-    fn is_done(&self) -> bool {
+    pub(super) fn is_done(&self) -> bool {
         // SAFETY: a live event; querying needs no current context.
         let r = unsafe { sys::cuEventQuery(self.raw as sys::CUevent) };
         r != sys::CUresult::CUDA_ERROR_NOT_READY
@@ -164,38 +163,4 @@ pub fn destroy(stream: usize, ordinal: u32) {
         // SAFETY: a stream from `create`, destroyed once; queued work still completes.
         let _ = unsafe { result::stream::destroy(handle(stream)) };
     }
-}
-
-/// Buffers that queued kernels still use, each released once the event recorded after its
-/// kernel has happened.
-struct Pending {
-    event: Arc<Event>,
-    _buffers: Vec<Arc<crate::storage::Buffer>>,
-}
-
-static PENDING: std::sync::Mutex<Vec<Pending>> = std::sync::Mutex::new(Vec::new());
-
-/// Keeps `buffers` alive until `event` (recorded after the kernels that use them) has happened,
-/// so that memory a producer frees when its last reference goes (a torch tensor's caching
-/// allocator, say) is not handed out again while a kernel still reads or writes it. Entries
-/// whose event has happened are released on later calls; nothing blocks.
-pub fn keep_alive_until(event: Arc<Event>, buffers: Vec<Arc<crate::storage::Buffer>>) {
-    let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
-    // Take out what has finished; its buffers and events are dropped after the lock is
-    // released, since a producer's deleter may take its own locks.
-    let mut finished = Vec::new();
-    let mut i = 0;
-    while i < pending.len() {
-        if pending[i].event.is_done() {
-            finished.push(pending.swap_remove(i));
-        } else {
-            i += 1;
-        }
-    }
-    pending.push(Pending {
-        event,
-        _buffers: buffers,
-    });
-    drop(pending);
-    drop(finished);
 }

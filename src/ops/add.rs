@@ -8,6 +8,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{shape_str, Error, Result};
 use crate::layout::{broadcast_shapes, coalesce, order_by_first, Coalesced};
+use std::borrow::Cow;
 use std::ffi::c_void;
 
 /// `a + b` with numpy broadcasting and Array API promotion, written into `out` when given (which
@@ -19,7 +20,12 @@ use std::ffi::c_void;
 /// that stream.
 pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> Result<Array> {
     let dtype = DType::promote(a.dtype(), b.dtype(), "add")?;
-    let shape = broadcast_shapes(a.shape(), b.shape())?;
+    // Equal shapes (the common case) need no broadcast and no new shape.
+    let shape: Cow<'_, [usize]> = if a.shape() == b.shape() {
+        Cow::Borrowed(a.shape())
+    } else {
+        Cow::Owned(broadcast_shapes(a.shape(), b.shape())?)
+    };
     let device = common_device(a, b, out)?;
     let out = match out {
         Some(out) => {
@@ -31,10 +37,10 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
     if out.numel() == 0 {
         return Ok(out);
     }
-    let (a_b, b_b) = (a.broadcast_to(&shape)?, b.broadcast_to(&shape)?);
+    let (a_b, b_b) = (broadcast(a, &shape)?, broadcast(b, &shape)?);
     if let Device::Cuda(n) = device {
         let stream = stream.unwrap_or(cuda_stream::LEGACY);
-        return add_cuda(n, stream, [a_b, b_b], out);
+        return add_cuda(n, stream, [&a_b, &b_b], out);
     }
     let (order, strides) = order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
     let plan = coalesce(&order, [&strides[0], &strides[1], &strides[2]]);
@@ -53,18 +59,30 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
     Ok(out)
 }
 
+/// `x` seen with `shape` (borrowed when it has that shape already).
+fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
+    Ok(if x.shape() == shape {
+        Cow::Borrowed(x)
+    } else {
+        Cow::Owned(x.broadcast_to(shape)?)
+    })
+}
+
+/// Most elements (and element offsets) the 32-bit kernels take, with room for a grid-stride step
+/// past the end.
+const I32_LIMIT: usize = (i32::MAX as usize) - (1 << 24);
+
 /// Whether every index and element offset of `plan` over `n` elements fits the 32-bit kernels,
 /// with room for a grid-stride step past the end.
 fn fits_32_bits<const N: usize>(plan: &Coalesced<N>, n: usize) -> bool {
-    const LIMIT: usize = (i32::MAX as usize) - (1 << 24);
-    n <= LIMIT
+    n <= I32_LIMIT
         && plan.strides.iter().all(|strides| {
             let mut reach: usize = 0;
             for (&extent, &stride) in plan.shape.iter().zip(strides) {
                 let span = (extent.saturating_sub(1)).saturating_mul(stride.unsigned_abs());
                 reach = reach.saturating_add(span);
             }
-            reach <= LIMIT
+            reach <= I32_LIMIT
         })
 }
 
@@ -79,98 +97,115 @@ fn transposed_inputs(plan: &Coalesced<3>) -> i32 {
     i32::from(transposed(&plan.strides[1])) | (i32::from(transposed(&plan.strides[2])) << 1)
 }
 
-fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Result<Array> {
+fn add_cuda(ordinal: u32, stream: usize, inputs: [&Array; 2], out: Array) -> Result<Array> {
     let [a, b] = inputs;
-    for operand in [&a, &b, &out] {
+    for operand in [a, b, &out] {
         operand.order_before(stream)?;
     }
-    let (shape, strides) = order_by_first(out.shape(), [out.strides(), a.strides(), b.strides()]);
-    let plan = coalesce(&shape, [&strides[0], &strides[1], &strides[2]]);
-    let kernels = kernels::add(ordinal, a.dtype(), b.dtype(), out.dtype())?;
     let n = out.numel();
-    let index = if fits_32_bits(&plan, n) {
-        kernels::Index::I32
+    // Operands that are all C-contiguous over one shape (the common case) are one flat run;
+    // anything else is reordered and coalesced first.
+    let contiguous = [a, b, &out].iter().all(|x| x.layout().is_contiguous());
+    let plan = if contiguous {
+        None
     } else {
-        kernels::Index::I64
+        let (shape, strides) =
+            order_by_first(out.shape(), [out.strides(), a.strides(), b.strides()]);
+        let plan = coalesce(&shape, [&strides[0], &strides[1], &strides[2]]);
+        let flat = plan.shape.len() == 1 && plan.strides.iter().all(|s| s[0] == 1);
+        (!flat).then_some(plan)
     };
+    let kernels = kernels::add(ordinal, a.dtype(), b.dtype(), out.dtype())?;
+    let index = match &plan {
+        None if n <= I32_LIMIT => kernels::Index::I32,
+        Some(plan) if fits_32_bits(plan, n) => kernels::Index::I32,
+        _ => kernels::Index::I64,
+    };
+    let wide = index == kernels::Index::I64;
     let (mut o, mut pa, mut pb) = (out.data_ptr(), a.data_ptr(), b.data_ptr());
     // Kernel arguments after the pointers, in either index width.
     let (mut n32, mut n64) = (n as u32, n as i64);
-    let mut geometry = kernels::Geometry::from_plan(&plan)?;
-    let (mut rows32, mut cols32) = (
-        plan.shape[0] as i32,
-        *plan.shape.last().unwrap_or(&1) as i32,
-    );
-    let (mut rows64, mut cols64) = (
-        plan.shape[0] as i64,
-        *plan.shape.last().unwrap_or(&1) as i64,
-    );
-    let mut tile = transposed_inputs(&plan);
-    let mut params: Vec<*mut c_void> = vec![
+    let mut params: [*mut c_void; 7] = [
         (&mut o as *mut *mut u8).cast(),
         (&mut pa as *mut *mut u8).cast(),
         (&mut pb as *mut *mut u8).cast(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
     ];
-    let wide = index == kernels::Index::I64;
     let count: *mut c_void = if wide {
         (&mut n64 as *mut i64).cast()
     } else {
         (&mut n32 as *mut u32).cast()
     };
-    let contiguous = plan.shape.len() == 1 && plan.strides.iter().all(|s| s[0] == 1);
     let block = launch::BLOCK;
     let mut shared = 0;
-    // The last item says whether the grid is the kernel's whole work (the vector kernel: one
-    // chunk per block; the tiled kernel: one tile per block) rather than a size to cap at what
-    // the device keeps resident.
-    let (function, grid, block, whole) = if contiguous {
-        let width = kernels.width;
-        let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b.dtype())]
-            .iter()
-            .all(|&(p, d)| (p as usize) % (width * d.itemsize()) == 0);
-        params.push(count);
-        if width > 1 && aligned {
-            // One chunk per block: a grid of short-lived blocks streams better than a resident
-            // grid-stride loop (the kernel still loops if the grid is capped).
-            let chunks = (n / width).div_ceil(block as usize * kernels::UNROLL);
-            (kernels.vector[index as usize], chunks, (block, 1), true)
-        } else {
-            (
-                kernels.contiguous[index as usize],
-                n.div_ceil(block as usize),
-                (block, 1),
-                false,
-            )
+    // Set (and pointed to by `params`) only by the variants that take them.
+    let mut geometry: kernels::Geometry;
+    let (mut rows32, mut cols32, mut rows64, mut cols64): (i32, i32, i64, i64);
+    let mut tile: i32;
+    // How many parameters, the kernel, the grid, the block, and whether the grid is the kernel's
+    // whole work (the vector kernel: one chunk per block; the tiled kernel: one tile per block)
+    // rather than a size to cap at what the device keeps resident.
+    let (used, function, grid, block, whole) = match &plan {
+        None => {
+            let width = kernels.width;
+            let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b.dtype())]
+                .iter()
+                .all(|&(p, d)| (p as usize) % (width * d.itemsize()) == 0);
+            params[3] = count;
+            if width > 1 && aligned {
+                // One chunk per block: a grid of short-lived blocks streams better than a
+                // resident grid-stride loop (the kernel still loops if the grid is capped).
+                let chunks = (n / width).div_ceil(block as usize * kernels::UNROLL);
+                (4, kernels.vector[index as usize], chunks, (block, 1), true)
+            } else {
+                let blocks = n.div_ceil(block as usize);
+                (
+                    4,
+                    kernels.contiguous[index as usize],
+                    blocks,
+                    (block, 1),
+                    false,
+                )
+            }
         }
-    } else if tile != 0 {
-        if wide {
-            params.push((&mut rows64 as *mut i64).cast());
-            params.push((&mut cols64 as *mut i64).cast());
-        } else {
-            params.push((&mut rows32 as *mut i32).cast());
-            params.push((&mut cols32 as *mut i32).cast());
+        Some(plan) => {
+            geometry = kernels::Geometry::from_plan(plan)?;
+            tile = transposed_inputs(plan);
+            if tile != 0 {
+                let (rows, cols) = (plan.shape[0], plan.shape[1]);
+                if wide {
+                    (rows64, cols64) = (rows as i64, cols as i64);
+                    params[3] = (&mut rows64 as *mut i64).cast();
+                    params[4] = (&mut cols64 as *mut i64).cast();
+                } else {
+                    (rows32, cols32) = (rows as i32, cols as i32);
+                    params[3] = (&mut rows32 as *mut i32).cast();
+                    params[4] = (&mut cols32 as *mut i32).cast();
+                }
+                params[5] = (&mut geometry as *mut kernels::Geometry).cast();
+                params[6] = (&mut tile as *mut i32).cast();
+                let edge = kernels::tile_edge(a.dtype(), b.dtype());
+                let tiles = rows.div_ceil(edge) * cols.div_ceil(edge);
+                shared = kernels::tile_shared_bytes(a.dtype(), b.dtype(), tile);
+                // One block per tile: short-lived blocks stream better than a resident grid.
+                let function = kernels.tiled[index as usize];
+                (7, function, tiles, kernels::TILE_BLOCK, true)
+            } else {
+                params[3] = count;
+                params[4] = (&mut geometry as *mut kernels::Geometry).cast();
+                let blocks = n.div_ceil(block as usize);
+                (
+                    5,
+                    kernels.strided[index as usize],
+                    blocks,
+                    (block, 1),
+                    false,
+                )
+            }
         }
-        params.push((&mut geometry as *mut kernels::Geometry).cast());
-        params.push((&mut tile as *mut i32).cast());
-        let edge = kernels::tile_edge(a.dtype(), b.dtype());
-        let tiles = plan.shape[0].div_ceil(edge) * plan.shape[1].div_ceil(edge);
-        shared = kernels::tile_shared_bytes(a.dtype(), b.dtype(), tile);
-        // One block per tile: short-lived blocks stream better than a resident grid here too.
-        (
-            kernels.tiled[index as usize],
-            tiles,
-            kernels::TILE_BLOCK,
-            true,
-        )
-    } else {
-        params.push(count);
-        params.push((&mut geometry as *mut kernels::Geometry).cast());
-        (
-            kernels.strided[index as usize],
-            n.div_ceil(block as usize),
-            (block, 1),
-            false,
-        )
     };
     let grid = if whole {
         grid.clamp(1, i32::MAX as usize) as u32
@@ -178,13 +213,13 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
         kernels::grid(ordinal, grid, block.0 * block.1)?
     };
     crate::cuda::context::bind(ordinal)?;
-    // SAFETY: the parameters match the chosen kernel's signature in kernels::add (pointers, then
-    // n, or rows, cols, Geometry and the tile mask, in the chosen index width, which fits every
-    // index and offset: fits_32_bits); the vector kernel is chosen only when every pointer is
-    // aligned to its pack; the tiled kernel gets the shared memory its tiles need
-    // (tile_shared_bytes). Every pointer addresses its operand's validated layout on this
-    // device, `out` is writable and overlaps an input only exactly (checked); all three buffers
-    // are kept alive until the kernel has run (keep_alive_until below).
+    // SAFETY: the first `used` parameters match the chosen kernel's signature in kernels::add
+    // (pointers, then n, or rows, cols, Geometry and the tile mask, in the chosen index width,
+    // which fits every index and offset: fits_32_bits, I32_LIMIT); the vector kernel is chosen
+    // only when every pointer is aligned to its pack; the tiled kernel gets the shared memory
+    // its tiles need (tile_shared_bytes). Every pointer addresses its operand's validated
+    // layout on this device, `out` is writable and overlaps an input only exactly (checked);
+    // all three buffers are kept alive until the kernel has run (keep_alive_until below).
     unsafe {
         launch::launch(
             function,
@@ -192,13 +227,15 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
             block,
             shared,
             cuda_stream::handle(stream),
-            &mut params,
+            &mut params[..used],
         )?
     };
     let done = std::sync::Arc::new(cuda_stream::Event::record(stream, ordinal)?);
-    cuda_stream::keep_alive_until(
+    crate::cuda::release::keep_alive_until(
         done.clone(),
         vec![a.buffer().clone(), b.buffer().clone(), out.buffer().clone()],
+        stream,
+        ordinal,
     );
     Ok(out.with_pending(stream, done))
 }
@@ -206,14 +243,13 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [Array; 2], out: Array) -> Resu
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the
 /// CPU; CUDA device memory must all be on one device.
 fn common_device(a: &Array, b: &Array, out: Option<&Array>) -> Result<Device> {
-    let mut devices = vec![a.device(), b.device()];
-    devices.extend(out.map(|o| o.device()));
-    let first = devices[0];
-    let all_host = devices.iter().all(|d| d.is_host_accessible());
-    if all_host {
+    let devices = [Some(a.device()), Some(b.device()), out.map(|o| o.device())];
+    let devices = devices.iter().flatten();
+    let first = a.device();
+    if devices.clone().all(|d| d.is_host_accessible()) {
         return Ok(Device::Cpu);
     }
-    for &d in &devices[1..] {
+    for &d in devices {
         if d != first {
             return Err(Error::DeviceMismatch {
                 left: first.to_string(),

@@ -154,7 +154,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Op
         readonly,
         len_bytes: None,
     };
-    let keepalive: Py<PyAny> = obj.clone().unbind();
+    let keepalive = Exporter(Some(obj.clone().unbind()));
     // SAFETY: the interface's contract: the memory stays valid while the exporting object lives,
     // and the view holds a strong reference to it.
     let view = unsafe { from_descriptor(&descriptor, Box::new(keepalive))? };
@@ -165,4 +165,18 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Op
         consumer,
         cs::Event::record(consumer, ordinal)?,
     )))
+}
+
+/// The object that exported a CUDA array interface, held by the views over its memory. Its
+/// reference is dropped with the interpreter attached, whatever thread drops the last view (the
+/// releaser of queued kernels' buffers has none), so the object goes at once rather than at
+/// some later call into cubridge; after the interpreter has finalized it is left alone.
+struct Exporter(Option<Py<PyAny>>);
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            let _ = Python::try_attach(move |_| drop(obj));
+        }
+    }
 }

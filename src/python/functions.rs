@@ -306,6 +306,14 @@ pub fn cuda_synchronize(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> Py
     Ok(py.detach(|| crate::cuda::context::synchronize(n))?)
 }
 
+/// Waits for the kernels that still hold foreign buffers and releases those buffers; registered
+/// with `atexit`.
+#[pyfunction]
+pub fn _release_pending(py: Python<'_>) {
+    // Deleters may take the GIL themselves; the wait must not hold it.
+    py.detach(crate::cuda::release::release_all);
+}
+
 /// Adds folders to search for NVRTC (the package passes the pip `nvidia` library folders).
 #[pyfunction]
 pub fn _add_nvrtc_search_dirs(dirs: Vec<std::path::PathBuf>) {

@@ -35,5 +35,11 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::_add_nvrtc_search_dirs, m)?)?;
     m.add_class::<stream::PyStream>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Buffers that queued kernels hold are released while the interpreter can still run their
+    // producers' deleters (see cuda::release).
+    let release = wrap_pyfunction!(functions::_release_pending, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (release,))?;
     Ok(())
 }

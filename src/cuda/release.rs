@@ -1,0 +1,188 @@
+//! Keeping the buffers of queued kernels alive until the kernels have run, off the caller's path.
+//!
+//! A kernel that cubridge queues reads and writes memory that other libraries may free as soon as
+//! their last reference goes (a torch tensor's caching allocator hands the block to the next
+//! allocation of its stream at once). So every launch hands its operands' buffers here together
+//! with an event recorded after the kernel, and they are dropped only once that event has
+//! happened. The launching thread only appends to a list: a background thread (`cubridge-release`)
+//! polls the events every [`POLL`] and drops what has finished, so no call pays for the queries,
+//! for the producers' deleters, or waits, and the buffers of the last kernel of a burst are
+//! released soon after it ran rather than on some later call.
+//!
+//! Entries pushed by one thread for one stream finish in the order they were pushed (each event
+//! was recorded on that stream after the previous one), so one query of the newest entry of such a
+//! group usually releases the whole group.
+//!
+//! At interpreter exit the Python module calls [`release_all`], which waits for what is still
+//! queued and drops it while the interpreter can still run the producers' deleters, and stops
+//! the thread from releasing anything after that.
+
+use super::stream::Event;
+use crate::storage::Buffer;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+/// How often the releaser looks at the events of the entries it holds.
+pub const POLL: Duration = Duration::from_millis(1);
+
+/// Empty polls after which the releaser sleeps until the next entry arrives (a push then wakes
+/// it; while it polls, a push costs no system call).
+const IDLE_AFTER: u32 = 50;
+
+/// Buffers that a queued kernel uses, with the event recorded after it.
+struct Pending {
+    event: Arc<Event>,
+    _buffers: Vec<Arc<Buffer>>,
+    /// Entries of one thread on one stream finish in the order pushed.
+    group: (ThreadId, u32, usize),
+}
+
+struct Queue {
+    entries: Vec<Pending>,
+    /// The releaser waits on [`WAKE`] for the next entry.
+    idle: bool,
+    /// The releaser thread is running (else entries are swept on the callers' path).
+    running: bool,
+    /// [`release_all`] has run: nothing is released by the thread any more.
+    stopped: bool,
+}
+
+static QUEUE: Mutex<Queue> = Mutex::new(Queue {
+    entries: Vec::new(),
+    idle: false,
+    running: false,
+    stopped: false,
+});
+static WAKE: Condvar = Condvar::new();
+/// Held while finished entries are dropped, so that [`release_all`] never runs beside a sweep.
+static DROPPING: Mutex<()> = Mutex::new(());
+
+fn queue() -> MutexGuard<'static, Queue> {
+    QUEUE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Keeps `buffers` alive until `event` (recorded on `stream` of device `ordinal`, after the
+/// kernel that uses them) has happened. Never blocks on the device and calls no driver function.
+pub fn keep_alive_until(event: Arc<Event>, buffers: Vec<Arc<Buffer>>, stream: usize, ordinal: u32) {
+    static START: Once = Once::new();
+    START.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("cubridge-release".into())
+            .spawn(release_loop);
+        queue().running = spawned.is_ok();
+    });
+    let entry = Pending {
+        event,
+        _buffers: buffers,
+        group: (std::thread::current().id(), ordinal, stream),
+    };
+    let mut q = queue();
+    q.entries.push(entry);
+    if q.stopped {
+        // After interpreter exit: the producers' deleters may no longer run safely. Leaked.
+        std::mem::forget(q.entries.pop());
+        return;
+    }
+    if !q.running {
+        // No thread could be started: sweep here, as the call's own cost.
+        drop(q);
+        sweep();
+        return;
+    }
+    let wake = q.idle;
+    drop(q);
+    if wake {
+        WAKE.notify_one();
+    }
+}
+
+fn release_loop() {
+    let mut quiet = 0;
+    loop {
+        {
+            let mut q = queue();
+            if q.entries.is_empty() {
+                quiet += 1;
+                if quiet >= IDLE_AFTER {
+                    q.idle = true;
+                    while q.entries.is_empty() || q.stopped {
+                        q = WAKE.wait(q).unwrap_or_else(|p| p.into_inner());
+                    }
+                    q.idle = false;
+                    quiet = 0;
+                }
+            } else {
+                quiet = 0;
+            }
+        }
+        sweep();
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Drops the entries whose kernels have run.
+fn sweep() {
+    let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
+    // The queries run without the queue lock, so that launches never wait on the driver here.
+    let mut taken = {
+        let mut q = queue();
+        if q.stopped {
+            return;
+        }
+        std::mem::take(&mut q.entries)
+    };
+    let done = finished(&mut taken);
+    {
+        let mut q = queue();
+        let pushed_meanwhile = std::mem::replace(&mut q.entries, taken);
+        q.entries.extend(pushed_meanwhile);
+    }
+    // Deleters may take their producers' locks (and the GIL): with none of ours held but the
+    // one that keeps release_all out.
+    drop(done);
+}
+
+/// Takes the entries whose events have happened out of `entries` (which keeps push order).
+fn finished(entries: &mut Vec<Pending>) -> Vec<Pending> {
+    type Group = (ThreadId, u32, usize);
+    // Whether each group's newest entry is done, which makes all of the group done.
+    let mut newest: Vec<(Group, bool)> = Vec::new();
+    for entry in entries.iter().rev() {
+        if !newest.iter().any(|&(g, _)| g == entry.group) {
+            newest.push((entry.group, entry.event.is_done()));
+        }
+    }
+    // The others oldest first, done up to the first that is not.
+    let mut blocked: Vec<Group> = Vec::new();
+    let mut done = Vec::new();
+    let mut kept = Vec::with_capacity(entries.len());
+    for entry in entries.drain(..) {
+        let group_done = newest.iter().any(|&(g, d)| g == entry.group && d);
+        if group_done || (!blocked.contains(&entry.group) && entry.event.is_done()) {
+            done.push(entry);
+        } else {
+            blocked.push(entry.group);
+            kept.push(entry);
+        }
+    }
+    *entries = kept;
+    done
+}
+
+/// Waits for every kernel still holding buffers and releases them, then stops releasing
+/// (entries pushed later are leaked). Called at interpreter exit, with the interpreter still
+/// able to run the producers' deleters.
+pub fn release_all() {
+    let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
+    let entries = {
+        let mut q = queue();
+        q.stopped = true;
+        std::mem::take(&mut q.entries)
+    };
+    for entry in &entries {
+        // An error means the context is unusable and its kernels no longer run.
+        let _ = entry.event.synchronize();
+    }
+    drop(entries);
+}
