@@ -5,9 +5,12 @@
 //! allocation of its stream at once). So every launch hands its operands' buffers here together
 //! with an event recorded after the kernel, and they are dropped only once that event has
 //! happened. The launching thread only appends to a list: a background thread (`cubridge-release`)
-//! polls the events every [`POLL`] and drops what has finished, so no call pays for the queries,
-//! for the producers' deleters, or waits, and the buffers of the last kernel of a burst are
-//! released soon after it ran rather than on some later call.
+//! polls the events every [`POLL`], so no call pays for the queries or waits. What has finished is
+//! set aside for the launching threads, which drop it on their next launch: a producer's deleter
+//! then runs on the thread that imported the tensor, whose caches hold its reference counts and
+//! allocations (the next import of the same tensor slowed down when another thread ran them).
+//! What no launch takes within the next poll the releaser drops itself, so the buffers of the last
+//! kernel of a burst go within about two polls of it running rather than on some later call.
 //!
 //! Entries pushed by one thread for one stream finish in the order they were pushed (each event
 //! was recorded on that stream after the previous one), so one query of the newest entry of such a
@@ -40,6 +43,10 @@ struct Pending {
 
 struct Queue {
     entries: Vec<Pending>,
+    /// Finished entries, for the next launch (or, once `ready_seen`, the releaser) to drop.
+    ready: Vec<Pending>,
+    /// The releaser has seen `ready` as it is at one poll already.
+    ready_seen: bool,
     /// The releaser waits on [`WAKE`] for the next entry.
     idle: bool,
     /// The releaser thread is running (else entries are swept on the callers' path).
@@ -50,6 +57,8 @@ struct Queue {
 
 static QUEUE: Mutex<Queue> = Mutex::new(Queue {
     entries: Vec::new(),
+    ready: Vec::new(),
+    ready_seen: false,
     idle: false,
     running: false,
     stopped: false,
@@ -63,7 +72,8 @@ fn queue() -> MutexGuard<'static, Queue> {
 }
 
 /// Keeps `buffers` alive until `event` (recorded on `stream` of device `ordinal`, after the
-/// kernel that uses them) has happened. Never blocks on the device and calls no driver function.
+/// kernel that uses them) has happened. Never blocks on the device and calls no driver function;
+/// drops the buffers of earlier kernels that the releaser found finished.
 pub fn keep_alive_until(event: Arc<Event>, buffers: Vec<Arc<Buffer>>, stream: usize, ordinal: u32) {
     static START: Once = Once::new();
     START.call_once(|| {
@@ -88,13 +98,17 @@ pub fn keep_alive_until(event: Arc<Event>, buffers: Vec<Arc<Buffer>>, stream: us
         // No thread could be started: sweep here, as the call's own cost.
         drop(q);
         sweep();
-        return;
+        q = queue();
     }
+    let ready = std::mem::take(&mut q.ready);
+    q.ready_seen = false;
     let wake = q.idle;
     drop(q);
     if wake {
         WAKE.notify_one();
     }
+    // Deleters may take their producers' locks: with none of ours held.
+    drop(ready);
 }
 
 fn release_loop() {
@@ -102,7 +116,7 @@ fn release_loop() {
     loop {
         {
             let mut q = queue();
-            if q.entries.is_empty() {
+            if q.entries.is_empty() && q.ready.is_empty() {
                 quiet += 1;
                 if quiet >= IDLE_AFTER {
                     q.idle = true;
@@ -121,26 +135,34 @@ fn release_loop() {
     }
 }
 
-/// Drops the entries whose kernels have run.
+/// Sets aside the entries whose kernels have run, and drops those set aside at the previous
+/// sweep that no launch has taken since.
 fn sweep() {
     let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
     // The queries run without the queue lock, so that launches never wait on the driver here.
-    let mut taken = {
+    let (mut taken, stale) = {
         let mut q = queue();
         if q.stopped {
             return;
         }
-        std::mem::take(&mut q.entries)
+        let stale = if q.ready_seen {
+            std::mem::take(&mut q.ready)
+        } else {
+            Vec::new()
+        };
+        (std::mem::take(&mut q.entries), stale)
     };
     let done = finished(&mut taken);
     {
         let mut q = queue();
         let pushed_meanwhile = std::mem::replace(&mut q.entries, taken);
         q.entries.extend(pushed_meanwhile);
+        q.ready.extend(done);
+        q.ready_seen = !q.ready.is_empty();
     }
     // Deleters may take their producers' locks (and the GIL): with none of ours held but the
     // one that keeps release_all out.
-    drop(done);
+    drop(stale);
 }
 
 /// Takes the entries whose events have happened out of `entries` (which keeps push order).
@@ -175,11 +197,12 @@ fn finished(entries: &mut Vec<Pending>) -> Vec<Pending> {
 /// able to run the producers' deleters.
 pub fn release_all() {
     let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
-    let entries = {
+    let (entries, ready) = {
         let mut q = queue();
         q.stopped = true;
-        std::mem::take(&mut q.entries)
+        (std::mem::take(&mut q.entries), std::mem::take(&mut q.ready))
     };
+    drop(ready);
     for entry in &entries {
         // An error means the context is unusable and its kernels no longer run.
         let _ = entry.event.synchronize();
