@@ -237,17 +237,22 @@ def _random(shape, dtype, gen):
 @pytest.mark.parametrize(
     "case",
     ["vector", "misaligned", "odd-length", "tile-a", "tile-b", "tile-both", "out-transposed",
-     "column-broadcast", "3-d", "even-tile-a", "even-tile-both", "even-tile-a-row-broadcast",
-     "even-tile-a-misaligned-b", "even-tile-b-misaligned-out"],
+     "column-broadcast", "3-d", "even-tile-a", "even-tile-b", "even-tile-both", "even-tile-a-row-broadcast",
+     "even-tile-a-misaligned-b", "even-tile-b-misaligned-out", "even-strides-odd-cols"],
 )
 def test_every_add_kernel_variant(dtype, case):
     """Each kernel variant the host may choose (vectorized, scalar contiguous, strided, tiled;
     edges that are not multiples of a pack, an unroll chunk or a tile) against torch. The
     "even" cases add tiled layouts with an even number of columns (still no tile multiple), an
-    operand broadcast along rows, and an operand or out one element off an aligned start."""
+    operand broadcast along rows, and an operand or out one element off an aligned start; and
+    slices with even strides over an odd number of rows and of columns."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows, cols = 67, 131  # edges that no tile or pack divides
-    if case.startswith("even"):
+    if case == "even-strides-odd-cols":
+        a = _random((130, 68), dtype, gen).T[:rows, :129]  # strides (1, 68)
+        b = _random((rows, 130), dtype, gen)[:, :129]  # strides (130, 1)
+        out = torch.empty((rows, 130), device="cuda", dtype=a.dtype)[:, :129]
+    elif case.startswith("even"):
         cols = 130  # even, but not a multiple of a tile
 
         def shifted(shape):  # contiguous, one element past an aligned start

@@ -173,9 +173,13 @@ __device__ void add_strided(R* out, const A* a, const B* b, I n, const Geometry&
 // rows (it is a transposed view). Such an input is read an E x E tile at a time along its own
 // unit stride into shared memory, then read back across, so that every global access of a warp
 // covers whole 32-byte sectors. A block is 32 x 8 threads and takes one tile (the host launches
-// one block per tile; the loop covers a capped grid). Thread x adds columns x + 32 s (s < E / 32)
-// of E / 8 rows. E is 64 for elements of up to 4 bytes and 32 above; tile rows are padded to a
-// word past E, which keeps the reads across conflict-free.
+// one block per tile; the loop covers a capped grid; the kernels rely on blockDim.y being 8).
+// Thread x adds columns x + 32 s (s < E / 32) of E / 8 rows. E is 64 for elements of up to 4
+// bytes and 32 above; tile rows are padded to a word past E, which keeps the reads across
+// conflict-free. The host tiles an input only where it has unit stride along rows and out unit
+// stride along cols, and the kernel takes both as given (fewer registers for index arithmetic).
+// Each thread issues all its loads of a tile before it stores any of them to shared memory; the
+// wrappers cap registers at 64 (__launch_bounds__(256, 4)) so that four blocks stay resident.
 //
 // The tiles live in dynamic shared memory, sized by the host for the tiled inputs only
 // (kernels::tile_shared_bytes mirrors TileOf: keep the two in step).
@@ -188,12 +192,24 @@ template <int E, int PITCH, typename T, typename I>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, I r0, I c0, I rows, I cols,
                                           I s0, I s1) {
     // Thread x walks src's unit-stride dimension (rows), so a warp reads consecutive elements.
-    for (int k = threadIdx.y; k < E; k += blockDim.y) {
-        const I c = c0 + k;
+    // Every load is issued before the first store to shared memory waits for its value.
+    T v[E / 8][E / 32];
+#pragma unroll
+    for (int q = 0; q < E / 8; ++q) {
+        const I c = c0 + threadIdx.y + 8 * q;
 #pragma unroll
         for (int e = 0; e < E / 32; ++e) {
             const I r = r0 + threadIdx.x + 32 * e;
-            if (r < rows && c < cols) tile[k * PITCH + threadIdx.x + 32 * e] = src[r * s0 + c * s1];
+            if (r < rows && c < cols) v[q][e] = src[r * s0 + c * s1];
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < E / 8; ++q) {
+        const int k = threadIdx.y + 8 * q;
+#pragma unroll
+        for (int e = 0; e < E / 32; ++e) {
+            const I r = r0 + threadIdx.x + 32 * e;
+            if (r < rows && c0 + k < cols) tile[k * PITCH + threadIdx.x + 32 * e] = v[q][e];
         }
     }
 }
@@ -227,17 +243,19 @@ __device__ void add_tiled(R* out, const A* a, const B* b, I rows, I cols, const 
     B* tb = reinterpret_cast<B*>(cb_tiles + (tile_a ? bytes_a : 0));
     A va[E / 8][E / 32];
     B vb[E / 8][E / 32];
-    const I so0 = (I)g.stride[0][0], so1 = (I)g.stride[0][1];
+    const I so0 = (I)g.stride[0][0];
     const I sa0 = (I)g.stride[1][0], sa1 = (I)g.stride[1][1];
     const I sb0 = (I)g.stride[2][0], sb1 = (I)g.stride[2][1];
     const I tiles_c = (cols + E - 1) / E;
     const I tiles = ((rows + E - 1) / E) * tiles_c;
     for (I t = blockIdx.x; t < tiles; t += gridDim.x) {
         const I r0 = (t / tiles_c) * E, c0 = (t % tiles_c) * E;
-        if (tile_a) load_tile<E, PA, A, I>(ta, a, r0, c0, rows, cols, sa0, sa1);
-        else load_direct<E, A, I>(va, a, r0, c0, rows, cols, sa0, sa1);
-        if (tile_b) load_tile<E, PB, B, I>(tb, b, r0, c0, rows, cols, sb0, sb1);
-        else load_direct<E, B, I>(vb, b, r0, c0, rows, cols, sb0, sb1);
+        // The in-place loads first, so that they are in flight with the tile loads.
+        if (!tile_a) load_direct<E, A, I>(va, a, r0, c0, rows, cols, sa0, sa1);
+        if (!tile_b) load_direct<E, B, I>(vb, b, r0, c0, rows, cols, sb0, sb1);
+        // A tiled input has unit stride along rows (the host's condition for tiling it).
+        if (tile_a) load_tile<E, PA, A, I>(ta, a, r0, c0, rows, cols, (I)1, sa1);
+        if (tile_b) load_tile<E, PB, B, I>(tb, b, r0, c0, rows, cols, (I)1, sb1);
         __syncthreads();
 #pragma unroll
         for (int k = 0; k < E / 8; ++k) {
@@ -250,7 +268,7 @@ __device__ void add_tiled(R* out, const A* a, const B* b, I rows, I cols, const 
                 if (r < rows && c < cols) {
                     A x = tile_a ? ta[j * PA + i] : va[k][e];
                     B y = tile_b ? tb[j * PB + i] : vb[k][e];
-                    out[r * so0 + c * so1] = add_one<A, B, R>(x, y);
+                    out[r * so0 + c] = add_one<A, B, R>(x, y);  // unit stride along cols
                 }
             }
         }

@@ -217,7 +217,8 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [&Array; 2], out: Array) -> Res
     // (pointers, then n, or rows, cols, Geometry and the tile mask, in the chosen index width,
     // which fits every index and offset: fits_32_bits, I32_LIMIT); the vector kernel is chosen
     // only when every pointer is aligned to its pack; the tiled kernel gets the shared memory
-    // its tiles need (tile_shared_bytes). Every pointer addresses its operand's validated
+    // its tiles need (tile_shared_bytes) and is chosen only when out has unit stride along cols
+    // and the tiled inputs along rows (transposed_inputs), which it assumes. Every pointer addresses its operand's validated
     // layout on this device, `out` is writable and overlaps an input only exactly (checked);
     // all three buffers are kept alive until the kernel has run (keep_alive_until below).
     unsafe {
