@@ -102,15 +102,35 @@ impl Array {
     pub fn with_pending(&self, stream: usize, event: impl Into<Arc<Event>>) -> Array {
         self.buffer.record_write(crate::storage::LastWrite {
             stream,
-            event: event.into(),
+            event: Some(event.into()),
+        });
+        self.clone()
+    }
+
+    /// The same array, its memory recorded as written on the legacy default stream by the work
+    /// queued there so far, with no event yet: one is recorded only when a consumer on another
+    /// stream (or the host) needs it, which saves an event per kernel whose result is read on
+    /// that stream, as it mostly is.
+    pub fn with_legacy_write(&self) -> Array {
+        self.buffer.record_write(crate::storage::LastWrite {
+            stream: crate::cuda::stream::LEGACY,
+            event: None,
         });
         self.clone()
     }
 
     /// The event after the last write of the array's memory, if any. Consumers wait on it,
     /// never on the stream, whose owner may have destroyed it since.
-    pub fn pending(&self) -> Option<Arc<Event>> {
-        self.buffer.last_write().map(|w| w.event)
+    pub fn pending(&self) -> Result<Option<Arc<Event>>> {
+        match self.device {
+            Device::Cuda(n) => self.buffer.write_event(n),
+            _ => Ok(self.buffer.last_write().and_then(|w| w.event)),
+        }
+    }
+
+    /// Whether CUDA work has written the array's memory (see [`Array::pending`]).
+    pub fn has_pending(&self) -> bool {
+        self.buffer.last_write().is_some()
     }
 
     /// Makes `consumer` (a stream of this array's device) wait for the array's pending work.
@@ -120,7 +140,10 @@ impl Array {
             // from any thread. (Other handles are not trusted that way: a destroyed stream's
             // handle may be reused by a new one.)
             Some(w) if consumer == w.stream && consumer == crate::cuda::stream::LEGACY => Ok(()),
-            Some(w) => w.event.wait(consumer),
+            Some(_) => match self.pending()? {
+                Some(event) => event.wait(consumer),
+                None => Ok(()),
+            },
             None => Ok(()),
         }
     }

@@ -107,7 +107,10 @@ pub struct Buffer {
 #[derive(Clone)]
 pub struct LastWrite {
     pub stream: usize,
-    pub event: std::sync::Arc<crate::cuda::stream::Event>,
+    /// An event after the write. `None` only for a write on the legacy default stream whose
+    /// event nobody has needed yet: [`Buffer::write_event`] records one there when somebody
+    /// does, which still follows the write, since that stream runs its work in order.
+    pub event: Option<std::sync::Arc<crate::cuda::stream::Event>>,
 }
 
 // SAFETY: the pointer is only an address; its owner is Send + Sync (both Owner variants are), and
@@ -157,6 +160,23 @@ impl Buffer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The event after the last CUDA write on this memory (on device `ordinal`), if any; for a
+    /// write on the legacy default stream that left none, one is recorded there now.
+    pub fn write_event(
+        &self,
+        ordinal: u32,
+    ) -> crate::Result<Option<std::sync::Arc<crate::cuda::stream::Event>>> {
+        use crate::cuda::stream::{Event, LEGACY};
+        let mut guard = self.last_write.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(write) = guard.as_mut() else {
+            return Ok(None);
+        };
+        if write.event.is_none() {
+            write.event = Some(std::sync::Arc::new(Event::record(LEGACY, ordinal)?));
+        }
+        Ok(write.event.clone())
     }
 
     /// Records a CUDA write on this memory (replacing the previous record: the new write was

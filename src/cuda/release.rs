@@ -12,15 +12,17 @@
 //! What no launch takes within the next poll the releaser drops itself, so the buffers of the last
 //! kernel of a burst go within about two polls of it running rather than on some later call.
 //!
-//! Entries pushed by one thread for one stream finish in the order they were pushed (each event
-//! was recorded on that stream after the previous one), so one query of the newest entry of such a
+//! Kernels on the legacy default stream come without an event (see `ops::add`): at each poll the
+//! releaser records one there per device, after all of them, since that stream runs its work in
+//! order. Entries pushed by one thread for one stream finish in the order they were pushed (each
+//! event follows the previous one on that stream), so one query of the newest entry of such a
 //! group usually releases the whole group.
 //!
 //! At interpreter exit the Python module calls [`release_all`], which waits for what is still
 //! queued and drops it while the interpreter can still run the producers' deleters, and stops
 //! the thread from releasing anything after that.
 
-use super::stream::Event;
+use super::stream::{Event, LEGACY};
 use crate::storage::Buffer;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
 use std::thread::ThreadId;
@@ -33,9 +35,10 @@ pub const POLL: Duration = Duration::from_millis(1);
 /// it; while it polls, a push costs no system call).
 const IDLE_AFTER: u32 = 50;
 
-/// Buffers that a queued kernel uses, with the event recorded after it.
+/// Buffers that a queued kernel uses, with the event recorded after it (`None` on the legacy
+/// default stream until the releaser records one).
 struct Pending {
-    event: Arc<Event>,
+    event: Option<Arc<Event>>,
     _buffers: Vec<Arc<Buffer>>,
     /// Entries of one thread on one stream finish in the order pushed.
     group: (ThreadId, u32, usize),
@@ -72,9 +75,15 @@ fn queue() -> MutexGuard<'static, Queue> {
 }
 
 /// Keeps `buffers` alive until `event` (recorded on `stream` of device `ordinal`, after the
-/// kernel that uses them) has happened. Never blocks on the device and calls no driver function;
+/// kernel that uses them; `None` only for the legacy default stream, see the module) has
+/// happened. Never blocks on the device and calls no driver function;
 /// drops the buffers of earlier kernels that the releaser found finished.
-pub fn keep_alive_until(event: Arc<Event>, buffers: Vec<Arc<Buffer>>, stream: usize, ordinal: u32) {
+pub fn keep_alive_until(
+    event: Option<Arc<Event>>,
+    buffers: Vec<Arc<Buffer>>,
+    stream: usize,
+    ordinal: u32,
+) {
     static START: Once = Once::new();
     START.call_once(|| {
         let spawned = std::thread::Builder::new()
@@ -152,6 +161,7 @@ fn sweep() {
         };
         (std::mem::take(&mut q.entries), stale)
     };
+    record_legacy_events(&mut taken);
     let done = finished(&mut taken);
     {
         let mut q = queue();
@@ -165,6 +175,32 @@ fn sweep() {
     drop(stale);
 }
 
+/// Gives the entries of the legacy default stream that have no event yet one recorded there now,
+/// one per device. Where it cannot be recorded the context is unusable (its kernels no longer
+/// run) and the entries stay without one, which counts as done.
+fn record_legacy_events(entries: &mut [Pending]) {
+    let mut recorded: Vec<(u32, Option<Arc<Event>>)> = Vec::new();
+    for entry in entries.iter_mut().filter(|e| e.event.is_none()) {
+        let ordinal = entry.group.1;
+        let event = match recorded.iter().find(|(o, _)| *o == ordinal) {
+            Some((_, event)) => event.clone(),
+            None => {
+                let _restore = super::context::Restore::new();
+                let event = Event::record(LEGACY, ordinal).ok().map(Arc::new);
+                recorded.push((ordinal, event.clone()));
+                event
+            }
+        };
+        entry.event = event;
+    }
+}
+
+/// Whether the kernel of `entry` has run (an entry without an event is one whose context could
+/// not record it: see [`record_legacy_events`]).
+fn has_run(entry: &Pending) -> bool {
+    entry.event.as_ref().is_none_or(|e| e.is_done())
+}
+
 /// Takes the entries whose events have happened out of `entries` (which keeps push order).
 fn finished(entries: &mut Vec<Pending>) -> Vec<Pending> {
     type Group = (ThreadId, u32, usize);
@@ -172,7 +208,7 @@ fn finished(entries: &mut Vec<Pending>) -> Vec<Pending> {
     let mut newest: Vec<(Group, bool)> = Vec::new();
     for entry in entries.iter().rev() {
         if !newest.iter().any(|&(g, _)| g == entry.group) {
-            newest.push((entry.group, entry.event.is_done()));
+            newest.push((entry.group, has_run(entry)));
         }
     }
     // The others oldest first, done up to the first that is not.
@@ -181,7 +217,7 @@ fn finished(entries: &mut Vec<Pending>) -> Vec<Pending> {
     let mut kept = Vec::with_capacity(entries.len());
     for entry in entries.drain(..) {
         let group_done = newest.iter().any(|&(g, d)| g == entry.group && d);
-        if group_done || (!blocked.contains(&entry.group) && entry.event.is_done()) {
+        if group_done || (!blocked.contains(&entry.group) && has_run(&entry)) {
             done.push(entry);
         } else {
             blocked.push(entry.group);
@@ -197,15 +233,18 @@ fn finished(entries: &mut Vec<Pending>) -> Vec<Pending> {
 /// able to run the producers' deleters.
 pub fn release_all() {
     let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
-    let (entries, ready) = {
+    let (mut entries, ready) = {
         let mut q = queue();
         q.stopped = true;
         (std::mem::take(&mut q.entries), std::mem::take(&mut q.ready))
     };
     drop(ready);
+    record_legacy_events(&mut entries);
     for entry in &entries {
-        // An error means the context is unusable and its kernels no longer run.
-        let _ = entry.event.synchronize();
+        if let Some(event) = &entry.event {
+            // An error means the context is unusable and its kernels no longer run.
+            let _ = event.synchronize();
+        }
     }
     drop(entries);
 }

@@ -231,14 +231,27 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [&Array; 2], out: Array) -> Res
             &mut params[..used],
         )?
     };
-    let done = std::sync::Arc::new(cuda_stream::Event::record(stream, ordinal)?);
+    // On the legacy default stream, which runs its work in order, an event recorded later still
+    // follows this kernel: none is recorded now, only when somebody needs one (the releaser of
+    // the buffers, a consumer on another stream). Any other stream gets its event at once: its
+    // handle may be destroyed by its owner before then.
+    let done = if stream == cuda_stream::LEGACY {
+        None
+    } else {
+        Some(std::sync::Arc::new(cuda_stream::Event::record(
+            stream, ordinal,
+        )?))
+    };
     crate::cuda::release::keep_alive_until(
         done.clone(),
         vec![a.buffer().clone(), b.buffer().clone(), out.buffer().clone()],
         stream,
         ordinal,
     );
-    Ok(out.with_pending(stream, done))
+    Ok(match done {
+        Some(done) => out.with_pending(stream, done),
+        None => out.with_legacy_write(),
+    })
 }
 
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the

@@ -15,7 +15,7 @@ use std::ffi::c_void;
 pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     let host_src = src.device().is_host_accessible();
     if host_src && device.is_host_accessible() {
-        if let Some(event) = src.pending() {
+        if let Some(event) = src.pending()? {
             // Pinned or managed memory may still be written by a kernel.
             event.synchronize()?;
         }

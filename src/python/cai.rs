@@ -46,7 +46,7 @@ pub fn export<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyDict
     d.set_item("version", 3)?;
     // Pending work is handed over through the legacy default stream, which is made to wait for
     // it: the stream the array was written on may since have been destroyed by its owner.
-    if array.pending().is_some() {
+    if array.has_pending() {
         array.order_before(cs::LEGACY)?;
         d.set_item("stream", cs::LEGACY)?;
     } else {
