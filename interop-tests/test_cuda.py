@@ -466,6 +466,41 @@ def test_pending_result_consumed_by_torch_and_cupy_at_once():
         np.testing.assert_array_equal(cupy.asnumpy(c), expected)
 
 
+def test_legacy_stream_result_read_on_other_streams_waits_for_its_kernel():
+    """A result written on the legacy default stream carries no event until a reader on another
+    stream needs one. Such readers still wait for the kernel, queued here behind half a second
+    of work: a cubridge add on a stream of its own (whose other operand brings no ordering of
+    its own), and a consumer that asks __dlpack__ for its stream. Nothing in the timed part may
+    wait for the device itself: everything is allocated and every kernel loaded beforehand, and
+    the results first hold other values, which a reader that did not wait would see."""
+    a, b = torch.ones(N, device="cuda"), torch.full((N,), 4.0, device="cuda")
+    one = cb.full((N,), 1.0, device="cuda")
+    r1, r2, s = (cb.empty((N,), dtype="float32", device="cuda") for _ in range(3))
+    t = torch.empty(N, device="cuda")
+    mine = cb.cuda.Stream()
+    side = torch.cuda.Stream()
+    cb.add(b, b, out=r1)  # 8.0
+    cb.add(b, b, out=r2)  # 8.0
+    cb.add(r1, one, out=s, stream=mine)
+    mine.synchronize()
+    torch.cuda.synchronize()
+
+    spin(0.5)  # torch's current stream is the legacy default stream
+    cb.add(a, a, out=r1)  # 2.0, behind the spin
+    assert r1.stream == 1
+    cb.add(r1, one, out=s, stream=mine)
+    mine.synchronize()
+    assert torch.equal(torch.from_dlpack(s), torch.full((N,), 3.0, device="cuda"))
+
+    spin(0.5)
+    cb.add(a, b, out=r2)  # 5.0, behind the spin
+    capsule = r2.__dlpack__(stream=side.cuda_stream)
+    with torch.cuda.stream(side):
+        torch.mul(torch.utils.dlpack.from_dlpack(capsule), 1, out=t)
+    side.synchronize()
+    assert torch.equal(t, torch.full((N,), 5.0, device="cuda"))
+
+
 def test_gigabyte_export_is_freed_after_both_sides_let_go():
     torch.cuda.synchronize()
     gc.collect()
