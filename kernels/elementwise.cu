@@ -188,34 +188,9 @@ template <typename T> struct TileOf {
     static const int pad = sizeof(T) >= 4 ? 1 : 4 / sizeof(T);
 };
 
-template <int E, int PITCH, typename T, typename I>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, I r0, I c0, I rows, I cols,
-                                          I s0, I s1) {
-    // Thread x walks src's unit-stride dimension (rows), so a warp reads consecutive elements.
-    // Every load is issued before the first store to shared memory waits for its value.
-    T v[E / 8][E / 32];
-#pragma unroll
-    for (int q = 0; q < E / 8; ++q) {
-        const I c = c0 + threadIdx.y + 8 * q;
-#pragma unroll
-        for (int e = 0; e < E / 32; ++e) {
-            const I r = r0 + threadIdx.x + 32 * e;
-            if (r < rows && c < cols) v[q][e] = src[r * s0 + c * s1];
-        }
-    }
-#pragma unroll
-    for (int q = 0; q < E / 8; ++q) {
-        const int k = threadIdx.y + 8 * q;
-#pragma unroll
-        for (int e = 0; e < E / 32; ++e) {
-            const I r = r0 + threadIdx.x + 32 * e;
-            if (r < rows && c0 + k < cols) tile[k * PITCH + threadIdx.x + 32 * e] = v[q][e];
-        }
-    }
-}
-
 // Loads the elements of a tile that a thread adds, from an input read in place (not tiled),
-// before the block waits for its tiles: both loads are then in flight at once.
+// before the block waits for its tiles: both loads are then in flight at once. With rows and
+// cols swapped it also stages a tiled input's loads (load_tile).
 template <int E, typename T, typename I>
 __device__ __forceinline__ void load_direct(T (*v)[E / 32], const T* src, I r0, I c0, I rows,
                                             I cols, I s0, I s1) {
@@ -226,6 +201,25 @@ __device__ __forceinline__ void load_direct(T (*v)[E / 32], const T* src, I r0, 
         for (int e = 0; e < E / 32; ++e) {
             const I c = c0 + threadIdx.x + 32 * e;
             if (r < rows && c < cols) v[k][e] = src[r * s0 + c * s1];
+        }
+    }
+}
+
+template <int E, int PITCH, typename T, typename I>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, I r0, I c0, I rows, I cols,
+                                          I s0, I s1) {
+    // Thread x walks src's unit-stride dimension (rows), so a warp reads consecutive elements:
+    // the loads of load_direct with the roles of rows and cols swapped. Every load is issued
+    // before the first store to shared memory waits for its value.
+    T v[E / 8][E / 32];
+    load_direct<E, T, I>(v, src, c0, r0, cols, rows, s1, s0);
+#pragma unroll
+    for (int q = 0; q < E / 8; ++q) {
+        const int k = threadIdx.y + 8 * q;
+#pragma unroll
+        for (int e = 0; e < E / 32; ++e) {
+            const I r = r0 + threadIdx.x + 32 * e;
+            if (r < rows && c0 + k < cols) tile[k * PITCH + threadIdx.x + 32 * e] = v[q][e];
         }
     }
 }
