@@ -296,6 +296,89 @@ def test_every_add_kernel_variant(dtype, case):
     assert torch.equal(out, a + b), f"{case} {dtype}"
 
 
+SCALARS = {"bool": True, "int8": -3, "float16": 0.7, "bfloat16": 0.7, "float32": 0.7,
+           "float64": 0.7, "complex128": complex(1.5, -2.0)}
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize(
+    "case", ["vector", "misaligned", "odd-length", "tiled", "3-d", "broadcast", "out-transposed",
+             "in-place", "scalar-first"],
+)
+def test_python_scalar_operand_on_every_kernel_variant(dtype, case):
+    """A Python scalar beside a CUDA array goes to the kernel by value, in the array's dtype (the
+    Array API's rule), on each layout the host may choose a kernel for. The reference is torch
+    adding a 0-d tensor of that dtype, i.e. the scalar rounded to the dtype first."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    value = SCALARS[dtype]
+    rows, cols = 67, 131
+    a = {
+        "vector": lambda: _random(1 << 16, dtype, gen),
+        "misaligned": lambda: _random(4100, dtype, gen)[1:],
+        "odd-length": lambda: _random(1_000_003, dtype, gen),
+        "tiled": lambda: _random((cols, rows), dtype, gen).T,
+        "3-d": lambda: _random((5, 6, 7), dtype, gen).permute(2, 0, 1),
+        "broadcast": lambda: _random((rows, 1), dtype, gen).expand(rows, cols),
+        "out-transposed": lambda: _random((rows, cols), dtype, gen),
+        "in-place": lambda: _random((rows, cols), dtype, gen),
+        "scalar-first": lambda: _random((rows, cols), dtype, gen),
+    }[case]()
+    want = a + torch.tensor(value, dtype=a.dtype, device="cuda")
+    if case == "out-transposed":
+        out = torch.empty(a.shape[::-1], device="cuda", dtype=a.dtype).T
+        assert cb.add(a, value, out=out) is out
+    elif case == "in-place":
+        out = a
+        cb.add(a, value, out=a)
+    elif case == "scalar-first":
+        out = torch.from_dlpack(cb.add(value, a))
+    else:
+        out = torch.from_dlpack(cb.add(a, value))
+    torch.cuda.synchronize()
+    assert out.dtype == a.dtype and out.shape == want.shape
+    assert torch.equal(out, want), f"{case} {dtype}"
+
+
+def test_python_scalar_operand_does_not_wait_for_the_device():
+    """`cb.add(t, 1.0)` passes the scalar to the kernel by value: no allocation and no upload,
+    so the call returns while the stream is still busy with half a second of earlier work (an
+    upload from pageable memory would wait for it), and the kernel still sees the value."""
+    a = torch.ones(N, device="cuda")
+    out = torch.empty(N, device="cuda")
+    cb.add(a, 2.0, out=out)  # loads the kernels
+    torch.cuda.synchronize()
+    spin(0.5)  # the legacy default stream, which the add below also runs on
+    start = time.perf_counter()
+    cb.add(a, 4.0, out=out)
+    r = cb.add(a, 8.0)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    assert elapsed < 0.2, f"the calls waited {elapsed:.3f} s for the device"
+    assert torch.equal(out, torch.full((N,), 5.0, device="cuda"))
+    assert torch.equal(torch.from_dlpack(r), torch.full((N,), 9.0, device="cuda"))
+    # On a stream of the caller's own too.
+    side = torch.cuda.Stream()
+    spin(0.5, side)
+    start = time.perf_counter()
+    cb.add(a, -1.0, out=out, stream=side.cuda_stream)
+    elapsed = time.perf_counter() - start
+    side.synchronize()
+    assert elapsed < 0.2, f"the call waited {elapsed:.3f} s for the device"
+    assert torch.equal(out, torch.zeros(N, device="cuda"))
+
+
+def test_python_scalar_errors_on_the_device():
+    i = torch.zeros(4, dtype=torch.int32, device="cuda")
+    with pytest.raises(TypeError, match="int32 and a Python float"):
+        cb.add(i, 0.5)
+    with pytest.raises(TypeError, match="bool and a Python int"):
+        cb.add(torch.zeros(4, dtype=torch.bool, device="cuda"), 1)
+    with pytest.raises(ValueError, match="shape"):
+        cb.add(i, 1, out=torch.zeros(5, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="64 bits"):
+        cb.add(i, 1 << 70)
+
+
 def test_tiled_add_with_promotion():
     gen = torch.Generator(device="cuda").manual_seed(3)
     a = _random((300, 200), "float16", gen).T  # transposed float16

@@ -4,7 +4,8 @@
 //
 // Variants of add, chosen by the host per call: contiguous (vectorized when aligned), strided
 // over up to CB_MAX_DIMS coalesced dimensions, and tiled for 2-D plans with a transposed input;
-// each with 32-bit indexing where it fits. All are grid-stride loops.
+// each with 32-bit indexing where it fits. All are grid-stride loops. Each takes its second
+// input as an array or as one value by value (a Python scalar operand).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -102,24 +103,45 @@ template <typename T, int V> struct alignas(sizeof(T) * V) Pack {
     T v[V];
 };
 
+// The second input of add: an array in memory (Dense), or one value for every element (Splat:
+// a Python scalar, passed by value among the kernel parameters, so nothing is uploaded).
+template <typename T> struct Dense {
+    static constexpr bool dense = true;
+    const T* p;
+    template <typename I> __device__ __forceinline__ T at(I i) const { return p[i]; }
+    template <int V, typename I> __device__ __forceinline__ Pack<T, V> pack(I i) const {
+        return reinterpret_cast<const Pack<T, V>*>(p)[i];
+    }
+};
+template <typename T> struct Splat {
+    static constexpr bool dense = false;
+    T v;
+    template <typename I> __device__ __forceinline__ T at(I) const { return v; }
+    template <int V, typename I> __device__ __forceinline__ Pack<T, V> pack(I) const {
+        Pack<T, V> r;
+#pragma unroll
+        for (int k = 0; k < V; ++k) r.v[k] = v;
+        return r;
+    }
+};
+
 // Contiguous operands. I is the index type: unsigned int when n < 2^31 (cheaper arithmetic),
 // else long long. With V > 1 every pointer is aligned to its Pack (the host checks); a block
 // takes chunks of CB_UNROLL * blockDim.x packs, each thread loading CB_UNROLL packs of each input
 // before it computes (more bytes in flight per thread), and the first threads finish the n % V
-// tail.
+// tail. `b` is a Dense or a Splat of B.
 #define CB_UNROLL 4
 
-template <typename A, typename B, typename R, int V, typename I>
-__device__ void add_contiguous(R* out, const A* a, const B* b, I n) {
+template <typename A, typename B, typename R, int V, typename I, typename SB>
+__device__ void add_contiguous(R* out, const A* a, SB b, I n) {
     if (V == 1) {
         I step = (I)gridDim.x * blockDim.x;
         for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
-            out[i] = add_one<A, B, R>(a[i], b[i]);
+            out[i] = add_one<A, B, R>(a[i], b.at(i));
         return;
     }
     const I packs = n / V;
     const Pack<A, V>* pa = reinterpret_cast<const Pack<A, V>*>(a);
-    const Pack<B, V>* pb = reinterpret_cast<const Pack<B, V>*>(b);
     Pack<R, V>* po = reinterpret_cast<Pack<R, V>*>(out);
     const I chunk = (I)blockDim.x * CB_UNROLL;
     for (I base = (I)blockIdx.x * chunk; base < packs; base += (I)gridDim.x * chunk) {
@@ -130,7 +152,7 @@ __device__ void add_contiguous(R* out, const A* a, const B* b, I n) {
             I i = base + u * blockDim.x + threadIdx.x;
             if (i < packs) {
                 x[u] = pa[i];
-                y[u] = pb[i];
+                y[u] = b.template pack<V>(i);
             }
         }
 #pragma unroll
@@ -146,14 +168,14 @@ __device__ void add_contiguous(R* out, const A* a, const B* b, I n) {
     }
     if (blockIdx.x == 0) {
         I tail = packs * V + threadIdx.x;
-        if (tail < n) out[tail] = add_one<A, B, R>(a[tail], b[tail]);
+        if (tail < n) out[tail] = add_one<A, B, R>(a[tail], b.at(tail));
     }
 }
 
 // Any strides over up to CB_MAX_DIMS coalesced dimensions. I is the index and offset type: int
 // when every index and offset fits in 31 bits (32-bit division is far cheaper), else long long.
-template <typename A, typename B, typename R, typename I>
-__device__ void add_strided(R* out, const A* a, const B* b, I n, const Geometry& g) {
+template <typename A, typename B, typename R, typename I, typename SB>
+__device__ void add_strided(R* out, const A* a, SB b, I n, const Geometry& g) {
     I step = (I)gridDim.x * blockDim.x;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
         I rem = i, oo = 0, oa = 0, ob = 0;
@@ -165,7 +187,7 @@ __device__ void add_strided(R* out, const A* a, const B* b, I n, const Geometry&
             oa += idx * (I)g.stride[1][d];
             ob += idx * (I)g.stride[2][d];
         }
-        out[oo] = add_one<A, B, R>(a[oa], b[ob]);
+        out[oo] = add_one<A, B, R>(a[oa], b.at(ob));
     }
 }
 
@@ -191,16 +213,16 @@ template <typename T> struct TileOf {
 // Loads the elements of a tile that a thread adds, from an input read in place (not tiled),
 // before the block waits for its tiles: both loads are then in flight at once. With rows and
 // cols swapped it also stages a tiled input's loads (load_tile).
-template <int E, typename T, typename I>
-__device__ __forceinline__ void load_direct(T (*v)[E / 32], const T* src, I r0, I c0, I rows,
-                                            I cols, I s0, I s1) {
+template <int E, typename T, typename I, typename S>
+__device__ __forceinline__ void load_direct(T (*v)[E / 32], S src, I r0, I c0, I rows, I cols,
+                                            I s0, I s1) {
 #pragma unroll
     for (int k = 0; k < E / 8; ++k) {
         const I r = r0 + threadIdx.y + 8 * k;
 #pragma unroll
         for (int e = 0; e < E / 32; ++e) {
             const I c = c0 + threadIdx.x + 32 * e;
-            if (r < rows && c < cols) v[k][e] = src[r * s0 + c * s1];
+            if (r < rows && c < cols) v[k][e] = src.at(r * s0 + c * s1);
         }
     }
 }
@@ -212,7 +234,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, I r0, I c0, I r
     // the loads of load_direct with the roles of rows and cols swapped. Every load is issued
     // before the first store to shared memory waits for its value.
     T v[E / 8][E / 32];
-    load_direct<E, T, I>(v, src, c0, r0, cols, rows, s1, s0);
+    load_direct<E, T, I>(v, Dense<T>{src}, c0, r0, cols, rows, s1, s0);
 #pragma unroll
     for (int q = 0; q < E / 8; ++q) {
         const int k = threadIdx.y + 8 * q;
@@ -224,14 +246,13 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, I r0, I c0, I r
     }
 }
 
-// `tile` says which inputs are read through tiles: bit 0 for a, bit 1 for b.
-template <typename A, typename B, typename R, typename I>
-__device__ void add_tiled(R* out, const A* a, const B* b, I rows, I cols, const Geometry& g,
-                          int tile) {
+// `tile` says which inputs are read through tiles: bit 0 for a, bit 1 for b (never a Splat).
+template <typename A, typename B, typename R, typename I, typename SB>
+__device__ void add_tiled(R* out, const A* a, SB b, I rows, I cols, const Geometry& g, int tile) {
     constexpr int E = TileOf<A>::edge < TileOf<B>::edge ? TileOf<A>::edge : TileOf<B>::edge;
     constexpr int PA = E + TileOf<A>::pad, PB = E + TileOf<B>::pad;
     extern __shared__ __align__(16) unsigned char cb_tiles[];
-    const bool tile_a = tile & 1, tile_b = tile & 2;
+    const bool tile_a = tile & 1, tile_b = SB::dense && (tile & 2);
     constexpr int bytes_a = (E * PA * (int)sizeof(A) + 15) / 16 * 16;
     A* ta = reinterpret_cast<A*>(cb_tiles);
     B* tb = reinterpret_cast<B*>(cb_tiles + (tile_a ? bytes_a : 0));
@@ -245,11 +266,13 @@ __device__ void add_tiled(R* out, const A* a, const B* b, I rows, I cols, const 
     for (I t = blockIdx.x; t < tiles; t += gridDim.x) {
         const I r0 = (t / tiles_c) * E, c0 = (t % tiles_c) * E;
         // The in-place loads first, so that they are in flight with the tile loads.
-        if (!tile_a) load_direct<E, A, I>(va, a, r0, c0, rows, cols, sa0, sa1);
+        if (!tile_a) load_direct<E, A, I>(va, Dense<A>{a}, r0, c0, rows, cols, sa0, sa1);
         if (!tile_b) load_direct<E, B, I>(vb, b, r0, c0, rows, cols, sb0, sb1);
         // A tiled input has unit stride along rows (the host's condition for tiling it).
         if (tile_a) load_tile<E, PA, A, I>(ta, a, r0, c0, rows, cols, (I)1, sa1);
-        if (tile_b) load_tile<E, PB, B, I>(tb, b, r0, c0, rows, cols, (I)1, sb1);
+        if constexpr (SB::dense) {
+            if (tile_b) load_tile<E, PB, B, I>(tb, b.p, r0, c0, rows, cols, (I)1, sb1);
+        }
         __syncthreads();
 #pragma unroll
         for (int k = 0; k < E / 8; ++k) {

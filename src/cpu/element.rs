@@ -52,6 +52,16 @@ pub trait Widen<R> {
 }
 
 impl Scalar {
+    /// What the value came in as, for messages: "a Python int", say.
+    pub fn kind_name(self) -> &'static str {
+        match self {
+            Scalar::Bool(_) => "a Python bool",
+            Scalar::Int(_) => "a Python int",
+            Scalar::Float(_) => "a Python float",
+            Scalar::Complex(..) => "a Python complex",
+        }
+    }
+
     fn as_i128(self) -> i128 {
         match self {
             Scalar::Bool(b) => b as i128,

@@ -84,6 +84,8 @@ pub fn c_type(d: DType) -> &'static str {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Module {
     Add(DType, DType, DType),
+    /// Add with the second input one value of the dtype, passed by value (a Python scalar).
+    AddScalar(DType),
     Gather(DType),
 }
 
@@ -171,8 +173,40 @@ pub fn vector_width(a: DType, b: DType, r: DType) -> usize {
 
 /// The add kernels for inputs `a`, `b` and result `r` on `ordinal`.
 pub fn add(ordinal: u32, a: DType, b: DType, r: DType) -> Result<AddKernels> {
+    let tb = c_type(b);
+    add_module(
+        ordinal,
+        Module::Add(a, b, r),
+        [a, b, r],
+        &format!("const {tb}* b"),
+        &format!("Dense<{tb}>{{b}}"),
+    )
+}
+
+/// The add kernels for an array of `dtype` plus one value of `dtype`, which they take by value
+/// (laid out as the dtype's element) in place of b's pointer: a Python scalar needs no upload.
+pub fn add_scalar(ordinal: u32, dtype: DType) -> Result<AddKernels> {
+    let t = c_type(dtype);
+    add_module(
+        ordinal,
+        Module::AddScalar(dtype),
+        [dtype; 3],
+        &format!("Splat<{t}> b"),
+        "b",
+    )
+}
+
+/// Compiles (once) and finds the add kernels of `module`; `b_param` declares the kernels' second
+/// input and `b_arg` passes it on to the templates.
+fn add_module(
+    ordinal: u32,
+    module: Module,
+    [a, b, r]: [DType; 3],
+    b_param: &str,
+    b_arg: &str,
+) -> Result<AddKernels> {
     let width = vector_width(a, b, r);
-    let f = functions(ordinal, Module::Add(a, b, r), || {
+    let f = functions(ordinal, module, || {
         let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
         let mut wrappers = String::new();
         let mut names = Vec::new();
@@ -184,20 +218,24 @@ pub fn add(ordinal: u32, a: DType, b: DType, r: DType) -> Result<AddKernels> {
         ] {
             wrappers.push_str(&format!(
                 "extern \"C\" __global__ void cb_add_contiguous_{suffix}({tr}* o, const {ta}* a, \
-                 const {tb}* b, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, b, n); }}\n\
+                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, {b_arg}, n); }}\n\
                  extern \"C\" __global__ void cb_add_vector_{suffix}({tr}* o, const {ta}* a, \
-                 const {tb}* b, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, b, n); }}\n\
+                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, {b_arg}, n); }}\n\
                  extern \"C\" __global__ void cb_add_strided_{suffix}({tr}* o, const {ta}* a, \
-                 const {tb}* b, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, b, n, g); }}\n\
+                 {b_param}, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, {b_arg}, n, g); }}\n\
                  extern \"C\" __global__ void __launch_bounds__(256, 4) cb_add_tiled_{suffix}({tr}* o, const {ta}* a, \
-                 const {tb}* b, {signed} rows, {signed} cols, Geometry g, int tile) \
-                 {{ add_tiled<{ta}, {tb}, {tr}>(o, a, b, rows, cols, g, tile); }}\n"
+                 {b_param}, {signed} rows, {signed} cols, Geometry g, int tile) \
+                 {{ add_tiled<{ta}, {tb}, {tr}>(o, a, {b_arg}, rows, cols, g, tile); }}\n"
             ));
             for kind in ["contiguous", "vector", "strided", "tiled"] {
                 names.push(format!("cb_add_{kind}_{suffix}"));
             }
         }
-        (format!("add_{a}_{b}_{r}"), wrappers, names)
+        let key = match module {
+            Module::AddScalar(_) => format!("add_scalar_{a}"),
+            _ => format!("add_{a}_{b}_{r}"),
+        };
+        (key, wrappers, names)
     })?;
     let pick = |k: usize| [f[k] as sys::CUfunction, f[4 + k] as sys::CUfunction];
     Ok(AddKernels {

@@ -2,6 +2,7 @@
 //! launch (CPU loop or CUDA kernel). Inputs and `out` are used in place, never copied.
 
 use crate::array::Array;
+use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
 use crate::cuda::{kernels, launch, stream as cuda_stream};
 use crate::device::Device;
@@ -26,10 +27,10 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
     } else {
         Cow::Owned(broadcast_shapes(a.shape(), b.shape())?)
     };
-    let device = common_device(a, b, out)?;
+    let device = common_device(&[a, b], out)?;
     let out = match out {
         Some(out) => {
-            check_out(out, &shape, dtype, [a, b])?;
+            check_out(out, &shape, dtype, &[a, b])?;
             out.clone()
         }
         None => Array::empty(&shape, dtype, device)?,
@@ -40,7 +41,7 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
     let (a_b, b_b) = (broadcast(a, &shape)?, broadcast(b, &shape)?);
     if let Device::Cuda(n) = device {
         let stream = stream.unwrap_or(cuda_stream::LEGACY);
-        return add_cuda(n, stream, [&a_b, &b_b], out);
+        return add_cuda(n, stream, &a_b, Second::Array(&b_b), out);
     }
     let (order, strides) = order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
     let plan = coalesce(&order, [&strides[0], &strides[1], &strides[2]]);
@@ -58,6 +59,53 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
     };
     Ok(out)
 }
+
+/// `a + value`, where `value` (a Python scalar) takes `a`'s dtype as the Array API asks: a
+/// float value needs a floating or complex `a`, a complex value a complex `a`. Like [`add`]
+/// otherwise. On CUDA the kernel takes the value by value among its parameters, so nothing is
+/// allocated or uploaded and the host never waits for the device; on the CPU the value is read
+/// from a one-element array.
+pub fn add_scalar(
+    a: &Array,
+    value: Scalar,
+    out: Option<&Array>,
+    stream: Option<usize>,
+) -> Result<Array> {
+    let dtype = a.dtype();
+    if !crate::ops::create::value_fits_kind(value, dtype) {
+        return Err(Error::DTypeMismatch {
+            op: "add",
+            left: dtype.name().into(),
+            right: value.kind_name().into(),
+        });
+    }
+    let Device::Cuda(n) = common_device(&[a], out)? else {
+        let b = crate::ops::full(&[], value, dtype, Device::Cpu)?;
+        return add(a, &b, out, stream);
+    };
+    let out = match out {
+        Some(out) => {
+            check_out(out, a.shape(), dtype, &[a])?;
+            out.clone()
+        }
+        None => Array::empty(a.shape(), dtype, a.device())?,
+    };
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let stream = stream.unwrap_or(cuda_stream::LEGACY);
+    add_cuda(n, stream, a, Second::Value(value), out)
+}
+
+/// The second input of a CUDA add: an array, or one value for every element.
+enum Second<'a> {
+    Array(&'a Array),
+    Value(Scalar),
+}
+
+/// One element of a dtype as a kernel parameter (16 bytes hold the widest, complex128).
+#[repr(C, align(16))]
+struct ValueParam([u8; 16]);
 
 /// `x` seen with `shape` (borrowed when it has that shape already).
 fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
@@ -97,38 +145,67 @@ fn transposed_inputs(plan: &Coalesced<3>) -> i32 {
     i32::from(transposed(&plan.strides[1])) | (i32::from(transposed(&plan.strides[2])) << 1)
 }
 
-fn add_cuda(ordinal: u32, stream: usize, inputs: [&Array; 2], out: Array) -> Result<Array> {
-    let [a, b] = inputs;
-    for operand in [a, b, &out] {
+fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
+    let b_array = match b {
+        Second::Array(b) => Some(b),
+        Second::Value(_) => None,
+    };
+    for operand in [Some(a), b_array, Some(&out)].into_iter().flatten() {
         operand.order_before(stream)?;
     }
     let n = out.numel();
     // Operands that are all C-contiguous over one shape (the common case) are one flat run;
-    // anything else is reordered and coalesced first.
-    let contiguous = [a, b, &out].iter().all(|x| x.layout().is_contiguous());
+    // anything else is reordered and coalesced first. A value reads as stride 0 everywhere.
+    let contiguous = [Some(a), b_array, Some(&out)]
+        .into_iter()
+        .flatten()
+        .all(|x| x.layout().is_contiguous());
     let plan = if contiguous {
         None
     } else {
-        let (shape, strides) =
-            order_by_first(out.shape(), [out.strides(), a.strides(), b.strides()]);
+        let zeros = vec![0; out.shape().len()];
+        let b_strides = b_array.map_or(&zeros[..], |b| b.strides());
+        let (shape, strides) = order_by_first(out.shape(), [out.strides(), a.strides(), b_strides]);
         let plan = coalesce(&shape, [&strides[0], &strides[1], &strides[2]]);
-        let flat = plan.shape.len() == 1 && plan.strides.iter().all(|s| s[0] == 1);
+        let unit = |k: usize| plan.strides[k][0] == 1;
+        let flat = plan.shape.len() == 1 && unit(0) && unit(1) && (b_array.is_none() || unit(2));
         (!flat).then_some(plan)
     };
-    let kernels = kernels::add(ordinal, a.dtype(), b.dtype(), out.dtype())?;
+    // A value has the result's dtype (add_scalar).
+    let b_dtype = b_array.map_or(out.dtype(), |b| b.dtype());
+    let mut value = ValueParam([0; 16]);
+    let (kernels, mut pb) = match b {
+        Second::Array(b) => (
+            kernels::add(ordinal, a.dtype(), b.dtype(), out.dtype())?,
+            b.data_ptr(),
+        ),
+        Second::Value(v) => {
+            // SAFETY: 16 writable bytes hold one element of any dtype.
+            unsafe { crate::cpu::copy::fill(out.dtype(), value.0.as_mut_ptr(), 1, v) };
+            (
+                kernels::add_scalar(ordinal, out.dtype())?,
+                std::ptr::null_mut(),
+            )
+        }
+    };
     let index = match &plan {
         None if n <= I32_LIMIT => kernels::Index::I32,
         Some(plan) if fits_32_bits(plan, n) => kernels::Index::I32,
         _ => kernels::Index::I64,
     };
     let wide = index == kernels::Index::I64;
-    let (mut o, mut pa, mut pb) = (out.data_ptr(), a.data_ptr(), b.data_ptr());
+    let (mut o, mut pa) = (out.data_ptr(), a.data_ptr());
     // Kernel arguments after the pointers, in either index width.
     let (mut n32, mut n64) = (n as u32, n as i64);
+    // The second parameter is b's pointer, or the value itself for the scalar kernels.
+    let second: *mut c_void = match b_array {
+        Some(_) => (&mut pb as *mut *mut u8).cast(),
+        None => value.0.as_mut_ptr().cast(),
+    };
     let mut params: [*mut c_void; 7] = [
         (&mut o as *mut *mut u8).cast(),
         (&mut pa as *mut *mut u8).cast(),
-        (&mut pb as *mut *mut u8).cast(),
+        second,
         std::ptr::null_mut(),
         std::ptr::null_mut(),
         std::ptr::null_mut(),
@@ -151,7 +228,7 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [&Array; 2], out: Array) -> Res
     let (used, function, grid, block, whole) = match &plan {
         None => {
             let width = kernels.width;
-            let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b.dtype())]
+            let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b_dtype)]
                 .iter()
                 .all(|&(p, d)| (p as usize) % (width * d.itemsize()) == 0);
             params[3] = count;
@@ -187,9 +264,9 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [&Array; 2], out: Array) -> Res
                 }
                 params[5] = (&mut geometry as *mut kernels::Geometry).cast();
                 params[6] = (&mut tile as *mut i32).cast();
-                let edge = kernels::tile_edge(a.dtype(), b.dtype());
+                let edge = kernels::tile_edge(a.dtype(), b_dtype);
                 let tiles = rows.div_ceil(edge) * cols.div_ceil(edge);
-                shared = kernels::tile_shared_bytes(a.dtype(), b.dtype(), tile);
+                shared = kernels::tile_shared_bytes(a.dtype(), b_dtype, tile);
                 // One block per tile: short-lived blocks stream better than a resident grid.
                 let function = kernels.tiled[index as usize];
                 (7, function, tiles, kernels::TILE_BLOCK, true)
@@ -244,7 +321,11 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [&Array; 2], out: Array) -> Res
     };
     crate::cuda::release::keep_alive_until(
         done.clone(),
-        vec![a.buffer().clone(), b.buffer().clone(), out.buffer().clone()],
+        [Some(a), b_array, Some(&out)]
+            .into_iter()
+            .flatten()
+            .map(|x| x.buffer().clone())
+            .collect(),
         stream,
         ordinal,
     );
@@ -256,14 +337,16 @@ fn add_cuda(ordinal: u32, stream: usize, inputs: [&Array; 2], out: Array) -> Res
 
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the
 /// CPU; CUDA device memory must all be on one device.
-fn common_device(a: &Array, b: &Array, out: Option<&Array>) -> Result<Device> {
-    let devices = [Some(a.device()), Some(b.device()), out.map(|o| o.device())];
-    let devices = devices.iter().flatten();
-    let first = a.device();
+fn common_device(inputs: &[&Array], out: Option<&Array>) -> Result<Device> {
+    let devices = inputs
+        .iter()
+        .map(|x| x.device())
+        .chain(out.map(|o| o.device()));
+    let first = inputs[0].device();
     if devices.clone().all(|d| d.is_host_accessible()) {
         return Ok(Device::Cpu);
     }
-    for &d in devices {
+    for d in devices {
         if d != first {
             return Err(Error::DeviceMismatch {
                 left: first.to_string(),
@@ -274,7 +357,7 @@ fn common_device(a: &Array, b: &Array, out: Option<&Array>) -> Result<Device> {
     Ok(first)
 }
 
-fn check_out(out: &Array, shape: &[usize], dtype: DType, inputs: [&Array; 2]) -> Result<()> {
+fn check_out(out: &Array, shape: &[usize], dtype: DType, inputs: &[&Array]) -> Result<()> {
     if out.shape() != shape {
         return Err(Error::invalid(format!(
             "out has shape {} but the result has shape {}",

@@ -56,15 +56,7 @@ pub fn arange(start: f64, stop: f64, step: f64, dtype: DType, device: Device) ->
 /// Refuses fill values that the dtype cannot hold meaningfully (a float into an int array,
 /// a complex into a real one), as the Array API does for Python scalars.
 pub fn check_value_kind(value: Scalar, dtype: DType) -> Result<()> {
-    let ok = match (value, dtype.kind()) {
-        (Scalar::Bool(_), _) => true,
-        (Scalar::Int(_), Kind::Bool) => false,
-        (Scalar::Int(_), _) => true,
-        (Scalar::Float(_), Kind::Float | Kind::Complex) => true,
-        (Scalar::Complex(..), Kind::Complex) => true,
-        _ => false,
-    };
-    if ok {
+    if value_fits_kind(value, dtype) {
         Ok(())
     } else {
         Err(Error::DTypeMismatch {
@@ -72,6 +64,19 @@ pub fn check_value_kind(value: Scalar, dtype: DType) -> Result<()> {
             left: format!("{value:?}"),
             right: dtype.name().into(),
         })
+    }
+}
+
+/// Whether a Python scalar `value` may take `dtype`: a bool any dtype, an int any but bool, a
+/// float a floating or complex one, a complex a complex one.
+pub fn value_fits_kind(value: Scalar, dtype: DType) -> bool {
+    match (value, dtype.kind()) {
+        (Scalar::Bool(_), _) => true,
+        (Scalar::Int(_), Kind::Bool) => false,
+        (Scalar::Int(_), _) => true,
+        (Scalar::Float(_), Kind::Float | Kind::Complex) => true,
+        (Scalar::Complex(..), Kind::Complex) => true,
+        _ => false,
     }
 }
 

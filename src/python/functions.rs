@@ -181,6 +181,12 @@ fn operand(
     Ok(import(obj, consumer, Use::Immediate)?.array)
 }
 
+/// The second operand of `add`.
+enum Second {
+    Array(Array),
+    Value(crate::cpu::element::Scalar),
+}
+
 /// `a + b` into a new array or into `out`; see the README for the rules.
 #[pyfunction]
 #[pyo3(signature = (a, b, /, *, out=None, stream=None))]
@@ -214,18 +220,28 @@ pub fn add(
             (s != kernel_stream).then(|| (s, e.imported.array.device()))
         })
         .collect();
-    let (x, y) = match (python_scalar(a)?.is_some(), python_scalar(b)?.is_some()) {
-        (true, false) => {
-            let y = operand(b, ex_b.take(), None, kernel_stream)?;
-            (operand(a, ex_a.take(), Some(&y), kernel_stream)?, y)
-        }
+    // One Python scalar beside an array goes to the kernel by value (add commutes, so the
+    // array is always the first input); two scalars make a 0-d array on the CPU.
+    let (x, y) = match (python_scalar(a)?, python_scalar(b)?) {
+        (Some(value), None) => (
+            operand(b, ex_b.take(), None, kernel_stream)?,
+            Second::Value(value),
+        ),
+        (None, Some(value)) => (
+            operand(a, ex_a.take(), None, kernel_stream)?,
+            Second::Value(value),
+        ),
         _ => {
             let x = operand(a, ex_a.take(), None, kernel_stream)?;
             let y = operand(b, ex_b.take(), Some(&x), kernel_stream)?;
-            (x, y)
+            (x, Second::Array(y))
         }
     };
-    if explicit.is_some() && x.device().is_host_accessible() && y.device().is_host_accessible() {
+    let y_host = match &y {
+        Second::Array(y) => y.device().is_host_accessible(),
+        Second::Value(_) => true,
+    };
+    if explicit.is_some() && x.device().is_host_accessible() && y_host {
         return Err(
             Error::invalid("stream= orders CUDA work; these arrays are in host memory").into(),
         );
@@ -254,7 +270,12 @@ pub fn add(
                 crate::cuda::stream::order(kernel_stream, producer, n)?;
             }
         }
-        ops::add(&x, &y, out_array.as_ref(), Some(kernel_stream))
+        match &y {
+            Second::Array(y) => ops::add(&x, y, out_array.as_ref(), Some(kernel_stream)),
+            &Second::Value(v) => {
+                ops::add::add_scalar(&x, v, out_array.as_ref(), Some(kernel_stream))
+            }
+        }
     })?;
     // Like numpy and torch, `out` itself is the result when given.
     Ok(match out {

@@ -286,10 +286,8 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
     }
     if obj.is_instance_of::<PyInt>() {
         let v: i128 = obj.extract().map_err(|_| {
-            Error::invalid(format!(
-                "integer {} does not fit in 64 bits",
-                obj.str().unwrap()
-            ))
+            let shown = obj.str().map_or_else(|_| "value".into(), |s| s.to_string());
+            Error::invalid(format!("integer {shown} does not fit in 64 bits"))
         })?;
         if v < i64::MIN as i128 || v > u64::MAX as i128 {
             return Err(Error::invalid(format!("integer {v} does not fit in 64 bits")).into());
