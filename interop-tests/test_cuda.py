@@ -238,17 +238,28 @@ def _random(shape, dtype, gen):
     "case",
     ["vector", "misaligned", "odd-length", "tile-a", "tile-b", "tile-both", "out-transposed",
      "column-broadcast", "3-d", "even-tile-a", "even-tile-b", "even-tile-both", "even-tile-a-row-broadcast",
-     "even-tile-a-misaligned-b", "even-tile-b-misaligned-out", "even-strides-odd-cols"],
+     "even-tile-a-misaligned-b", "even-tile-b-misaligned-out", "even-strides-odd-cols",
+     "pairs-tile-a", "pairs-tile-b", "pairs-tile-both", "pairs-tile-a-row-broadcast"],
 )
 def test_every_add_kernel_variant(dtype, case):
     """Each kernel variant the host may choose (vectorized, scalar contiguous, strided, tiled;
     edges that are not multiples of a pack, an unroll chunk or a tile) against torch. The
     "even" cases add tiled layouts with an even number of columns (still no tile multiple), an
     operand broadcast along rows, and an operand or out one element off an aligned start; and
-    slices with even strides over an odd number of rows and of columns."""
+    slices with even strides over an odd number of rows and of columns. The "pairs" cases have
+    even strides everywhere, which lets 2-byte dtypes move interior tiles in pairs."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows, cols = 67, 131  # edges that no tile or pack divides
-    if case == "even-strides-odd-cols":
+    if case.startswith("pairs"):
+        rows, cols = 130, 194  # interior tiles and edge tiles, all strides even
+        a = _random((cols, rows), dtype, gen).T if "tile-a" in case or "both" in case else (
+            _random((rows, cols), dtype, gen))
+        b = _random((cols, rows), dtype, gen).T if "tile-b" in case or "both" in case else (
+            _random((rows, cols), dtype, gen))
+        if case.endswith("row-broadcast"):
+            b = _random((1, cols), dtype, gen).expand(rows, cols)
+        out = torch.empty((rows, cols), device="cuda", dtype=a.dtype)
+    elif case == "even-strides-odd-cols":
         a = _random((130, 68), dtype, gen).T[:rows, :129]  # strides (1, 68)
         b = _random((rows, 130), dtype, gen)[:, :129]  # strides (130, 1)
         out = torch.empty((rows, 130), device="cuda", dtype=a.dtype)[:, :129]
@@ -302,8 +313,8 @@ SCALARS = {"bool": True, "int8": -3, "float16": 0.7, "bfloat16": 0.7, "float32":
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize(
-    "case", ["vector", "misaligned", "odd-length", "tiled", "3-d", "broadcast", "out-transposed",
-             "in-place", "scalar-first"],
+    "case", ["vector", "misaligned", "odd-length", "tiled", "tiled-even", "3-d", "broadcast",
+             "out-transposed", "in-place", "scalar-first"],
 )
 def test_python_scalar_operand_on_every_kernel_variant(dtype, case):
     """A Python scalar beside a CUDA array goes to the kernel by value, in the array's dtype (the
@@ -317,6 +328,7 @@ def test_python_scalar_operand_on_every_kernel_variant(dtype, case):
         "misaligned": lambda: _random(4100, dtype, gen)[1:],
         "odd-length": lambda: _random(1_000_003, dtype, gen),
         "tiled": lambda: _random((cols, rows), dtype, gen).T,
+        "tiled-even": lambda: _random((194, 130), dtype, gen).T,  # pairs for 2-byte dtypes
         "3-d": lambda: _random((5, 6, 7), dtype, gen).permute(2, 0, 1),
         "broadcast": lambda: _random((rows, 1), dtype, gen).expand(rows, cols),
         "out-transposed": lambda: _random((rows, cols), dtype, gen),

@@ -83,10 +83,31 @@ pub fn c_type(d: DType) -> &'static str {
 /// A compiled module: which operation, for which dtypes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Module {
-    Add(DType, DType, DType),
-    /// Add with the second input one value of the dtype, passed by value (a Python scalar).
-    AddScalar(DType),
+    /// Add's kernels of one [`AddPart`] and index width for inputs of dtypes `[a, b]` and
+    /// result `r`.
+    Add([DType; 3], Second, AddPart, Index),
     Gather(DType),
+}
+
+/// How add's kernels take their second input.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Second {
+    /// A pointer to an array.
+    Array,
+    /// One value for every element, among the kernel parameters (a Python scalar), laid out as
+    /// the dtype's element.
+    Value,
+}
+
+/// The two parts of add's kernels for one dtype triple, each a module of its own for each index
+/// width, compiled on first use: the tiled kernel takes most of the compile time and only
+/// transposed layouts need it, and the 64-bit variants only arrays past 2^31 elements.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum AddPart {
+    /// Contiguous, vector and strided.
+    Flat,
+    /// Tiled.
+    Tiled,
 }
 
 /// Loaded functions (`CUfunction` addresses, in the order asked for) by device and module. Modules
@@ -143,7 +164,7 @@ fn functions(
 }
 
 /// Index width of a kernel variant: 32-bit arithmetic where every index and offset fits.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Index {
     /// `unsigned int` (contiguous) or `int` (strided, tiled) indices.
     I32 = 0,
@@ -151,18 +172,17 @@ pub enum Index {
     I64 = 1,
 }
 
-/// The add kernels of one dtype triple on one device, each in both index widths.
+/// The add kernels of one dtype triple, one index width and one device, but the tiled one
+/// ([`add_tiled`]).
 pub struct AddKernels {
     /// One element per access, any alignment.
-    pub contiguous: [sys::CUfunction; 2],
+    pub contiguous: sys::CUfunction,
     /// `width` elements per aligned access; `width` is 1 when no wider access helps.
-    pub vector: [sys::CUfunction; 2],
+    pub vector: sys::CUfunction,
     /// Elements per access of `vector`.
     pub width: usize,
     /// Any strides.
-    pub strided: [sys::CUfunction; 2],
-    /// 2-D with a transposed input, through shared-memory tiles.
-    pub tiled: [sys::CUfunction; 2],
+    pub strided: sys::CUfunction,
 }
 
 /// Elements per 16-byte access of the widest operand (1 for 16-byte elements).
@@ -171,79 +191,115 @@ pub fn vector_width(a: DType, b: DType, r: DType) -> usize {
     (16 / widest).max(1)
 }
 
-/// The add kernels for inputs `a`, `b` and result `r` on `ordinal`.
-pub fn add(ordinal: u32, a: DType, b: DType, r: DType) -> Result<AddKernels> {
-    let tb = c_type(b);
-    add_module(
-        ordinal,
-        Module::Add(a, b, r),
-        [a, b, r],
-        &format!("const {tb}* b"),
-        &format!("Dense<{tb}>{{b}}"),
-    )
+/// The add kernels for inputs `a`, `b` and result `r` on `ordinal`, in the `index` width. With
+/// [`Second::Value`], b is one value of dtype `b` (which then equals `a` and `r`).
+pub fn add(
+    ordinal: u32,
+    [a, b, r]: [DType; 3],
+    second: Second,
+    index: Index,
+) -> Result<AddKernels> {
+    let f = add_module(ordinal, [a, b, r], second, AddPart::Flat, index)?;
+    Ok(AddKernels {
+        contiguous: f[0] as sys::CUfunction,
+        vector: f[1] as sys::CUfunction,
+        width: vector_width(a, b, r),
+        strided: f[2] as sys::CUfunction,
+    })
 }
 
-/// The add kernels for an array of `dtype` plus one value of `dtype`, which they take by value
-/// (laid out as the dtype's element) in place of b's pointer: a Python scalar needs no upload.
-pub fn add_scalar(ordinal: u32, dtype: DType) -> Result<AddKernels> {
-    let t = c_type(dtype);
-    add_module(
-        ordinal,
-        Module::AddScalar(dtype),
-        [dtype; 3],
-        &format!("Splat<{t}> b"),
-        "b",
-    )
+/// The tiled add kernel (2-D, with a transposed input, through shared-memory tiles).
+pub struct TiledKernel {
+    /// The kernel.
+    pub function: sys::CUfunction,
+    /// Whether it can move interior tiles in pairs of elements (2-byte dtypes): bit 2 of its
+    /// tile mask asks for that, which the host may set only where every pointer is 4-byte
+    /// aligned, out's and the tiled inputs' strides across are even, and an input read in place
+    /// has unit stride along cols and an even stride across.
+    pub pairs: bool,
 }
 
-/// Compiles (once) and finds the add kernels of `module`; `b_param` declares the kernels' second
-/// input and `b_arg` passes it on to the templates.
+/// The tiled add kernel; arguments as [`add`]'s.
+pub fn add_tiled(
+    ordinal: u32,
+    dtypes: [DType; 3],
+    second: Second,
+    index: Index,
+) -> Result<TiledKernel> {
+    let f = add_module(ordinal, dtypes, second, AddPart::Tiled, index)?;
+    Ok(TiledKernel {
+        function: f[0] as sys::CUfunction,
+        pairs: pairs(dtypes),
+    })
+}
+
+/// Whether the tiled kernel of a dtype triple moves pairs: all three of 2 bytes.
+fn pairs(dtypes: [DType; 3]) -> bool {
+    dtypes.iter().all(|d| d.itemsize() == 2)
+}
+
+/// Compiles (once) and finds one part of the add kernels in one index width.
 fn add_module(
     ordinal: u32,
-    module: Module,
     [a, b, r]: [DType; 3],
-    b_param: &str,
-    b_arg: &str,
-) -> Result<AddKernels> {
-    let width = vector_width(a, b, r);
-    let f = functions(ordinal, module, || {
+    second: Second,
+    part: AddPart,
+    index: Index,
+) -> Result<&'static [usize]> {
+    functions(ordinal, Module::Add([a, b, r], second, part, index), || {
         let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
-        let mut wrappers = String::new();
-        let mut names = Vec::new();
-        // The tiled kernel keeps four blocks per SM (at most 64 registers a thread): its loads
-        // in flight, not its arithmetic, set its speed.
-        for (suffix, unsigned, signed) in [
-            ("32", "unsigned int", "int"),
-            ("64", "long long", "long long"),
-        ] {
-            wrappers.push_str(&format!(
-                "extern \"C\" __global__ void cb_add_contiguous_{suffix}({tr}* o, const {ta}* a, \
-                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, {b_arg}, n); }}\n\
-                 extern \"C\" __global__ void cb_add_vector_{suffix}({tr}* o, const {ta}* a, \
-                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, {b_arg}, n); }}\n\
-                 extern \"C\" __global__ void cb_add_strided_{suffix}({tr}* o, const {ta}* a, \
-                 {b_param}, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, {b_arg}, n, g); }}\n\
-                 extern \"C\" __global__ void __launch_bounds__(256, 4) cb_add_tiled_{suffix}({tr}* o, const {ta}* a, \
-                 {b_param}, {signed} rows, {signed} cols, Geometry g, int tile) \
-                 {{ add_tiled<{ta}, {tb}, {tr}>(o, a, {b_arg}, rows, cols, g, tile); }}\n"
-            ));
-            for kind in ["contiguous", "vector", "strided", "tiled"] {
-                names.push(format!("cb_add_{kind}_{suffix}"));
-            }
-        }
-        let key = match module {
-            Module::AddScalar(_) => format!("add_scalar_{a}"),
-            _ => format!("add_{a}_{b}_{r}"),
+        let width = vector_width(a, b, r);
+        let (b_param, b_arg, b_type) = match second {
+            Second::Array => (
+                format!("const {tb}* b"),
+                format!("Dense<{tb}>{{b}}"),
+                format!("Dense<{tb}>"),
+            ),
+            Second::Value => (
+                format!("Splat<{tb}> b"),
+                "b".to_string(),
+                format!("Splat<{tb}>"),
+            ),
         };
-        (key, wrappers, names)
-    })?;
-    let pick = |k: usize| [f[k] as sys::CUfunction, f[4 + k] as sys::CUfunction];
-    Ok(AddKernels {
-        contiguous: pick(0),
-        vector: pick(1),
-        width,
-        strided: pick(2),
-        tiled: pick(3),
+        // The tiled kernel keeps four blocks per SM (at most 64 registers a thread): its loads
+        // in flight, not its arithmetic, set its speed. Its 64-bit addresses need more
+        // registers, so the 64-bit variant keeps three (80 registers: no spills).
+        let (suffix, unsigned, signed, tiled_blocks) = match index {
+            Index::I32 => ("32", "unsigned int", "int", 4),
+            Index::I64 => ("64", "long long", "long long", 3),
+        };
+        let (wrappers, names): (String, &[&str]) = match part {
+            AddPart::Flat => (
+                format!(
+                    "extern \"C\" __global__ void cb_add_contiguous({tr}* o, const {ta}* a, \
+                     {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, {b_arg}, n); }}\n\
+                     extern \"C\" __global__ void cb_add_vector({tr}* o, const {ta}* a, \
+                     {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, {b_arg}, n); }}\n\
+                     extern \"C\" __global__ void cb_add_strided({tr}* o, const {ta}* a, \
+                     {b_param}, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, {b_arg}, n, g); }}\n"
+                ),
+                &["cb_add_contiguous", "cb_add_vector", "cb_add_strided"],
+            ),
+            AddPart::Tiled => (
+                format!(
+                    "extern \"C\" __global__ void __launch_bounds__(256, {tiled_blocks}) \
+                     cb_add_tiled({tr}* o, const {ta}* a, {b_param}, {signed} rows, {signed} cols, \
+                     Geometry g, int tile) {{ add_tiled<{ta}, {tb}, {tr}, {signed}, {b_type}, {}>\
+                     (o, a, {b_arg}, rows, cols, g, tile); }}\n",
+                    pairs([a, b, r])
+                ),
+                &["cb_add_tiled"],
+            ),
+        };
+        let part = match part {
+            AddPart::Flat => "",
+            AddPart::Tiled => "_tiled",
+        };
+        let key = match second {
+            Second::Array => format!("add_{a}_{b}_{r}{part}_{suffix}"),
+            Second::Value => format!("add_scalar_{a}{part}_{suffix}"),
+        };
+        (key, wrappers, names.iter().map(|n| n.to_string()).collect())
     })
 }
 

@@ -145,6 +145,24 @@ fn transposed_inputs(plan: &Coalesced<3>) -> i32 {
     i32::from(transposed(&plan.strides[1])) | (i32::from(transposed(&plan.strides[2])) << 1)
 }
 
+/// Whether the tiled kernel of 2-byte elements may move pairs: every pair it reads or writes
+/// is 4-byte aligned. That needs aligned pointers (a null one is a value, read from the kernel
+/// parameters), even strides across for out and the tiled inputs (whose stride along rows is 1),
+/// and unit stride along cols with an even stride across for an input read in place.
+fn pairs_fit(plan: &Coalesced<3>, tile: i32, pointers: [*mut u8; 3]) -> bool {
+    let even = |s: isize| s % 2 == 0;
+    pointers.iter().all(|&p| (p as usize) % 4 == 0)
+        && even(plan.strides[0][0])
+        && [1, 2].into_iter().all(|k| {
+            let s = &plan.strides[k];
+            if tile & k as i32 != 0 {
+                even(s[1])
+            } else {
+                pointers[k].is_null() || (s[1] == 1 && even(s[0]))
+            }
+        })
+}
+
 fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
     let b_array = match b {
         Second::Array(b) => Some(b),
@@ -174,20 +192,15 @@ fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -
     // A value has the result's dtype (add_scalar).
     let b_dtype = b_array.map_or(out.dtype(), |b| b.dtype());
     let mut value = ValueParam([0; 16]);
-    let (kernels, mut pb) = match b {
-        Second::Array(b) => (
-            kernels::add(ordinal, a.dtype(), b.dtype(), out.dtype())?,
-            b.data_ptr(),
-        ),
+    let (second, mut pb) = match b {
+        Second::Array(b) => (kernels::Second::Array, b.data_ptr()),
         Second::Value(v) => {
             // SAFETY: 16 writable bytes hold one element of any dtype.
             unsafe { crate::cpu::copy::fill(out.dtype(), value.0.as_mut_ptr(), 1, v) };
-            (
-                kernels::add_scalar(ordinal, out.dtype())?,
-                std::ptr::null_mut(),
-            )
+            (kernels::Second::Value, std::ptr::null_mut())
         }
     };
+    let dtypes = [a.dtype(), b_dtype, out.dtype()];
     let index = match &plan {
         None if n <= I32_LIMIT => kernels::Index::I32,
         Some(plan) if fits_32_bits(plan, n) => kernels::Index::I32,
@@ -198,14 +211,14 @@ fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -
     // Kernel arguments after the pointers, in either index width.
     let (mut n32, mut n64) = (n as u32, n as i64);
     // The second parameter is b's pointer, or the value itself for the scalar kernels.
-    let second: *mut c_void = match b_array {
+    let b_param: *mut c_void = match b_array {
         Some(_) => (&mut pb as *mut *mut u8).cast(),
         None => value.0.as_mut_ptr().cast(),
     };
     let mut params: [*mut c_void; 7] = [
         (&mut o as *mut *mut u8).cast(),
         (&mut pa as *mut *mut u8).cast(),
-        second,
+        b_param,
         std::ptr::null_mut(),
         std::ptr::null_mut(),
         std::ptr::null_mut(),
@@ -227,6 +240,7 @@ fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -
     // rather than a size to cap at what the device keeps resident.
     let (used, function, grid, block, whole) = match &plan {
         None => {
+            let kernels = kernels::add(ordinal, dtypes, second, index)?;
             let width = kernels.width;
             let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b_dtype)]
                 .iter()
@@ -236,16 +250,10 @@ fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -
                 // One chunk per block: a grid of short-lived blocks streams better than a
                 // resident grid-stride loop (the kernel still loops if the grid is capped).
                 let chunks = (n / width).div_ceil(block as usize * kernels::UNROLL);
-                (4, kernels.vector[index as usize], chunks, (block, 1), true)
+                (4, kernels.vector, chunks, (block, 1), true)
             } else {
                 let blocks = n.div_ceil(block as usize);
-                (
-                    4,
-                    kernels.contiguous[index as usize],
-                    blocks,
-                    (block, 1),
-                    false,
-                )
+                (4, kernels.contiguous, blocks, (block, 1), false)
             }
         }
         Some(plan) => {
@@ -263,24 +271,23 @@ fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -
                     params[4] = (&mut cols32 as *mut i32).cast();
                 }
                 params[5] = (&mut geometry as *mut kernels::Geometry).cast();
-                params[6] = (&mut tile as *mut i32).cast();
                 let edge = kernels::tile_edge(a.dtype(), b_dtype);
                 let tiles = rows.div_ceil(edge) * cols.div_ceil(edge);
                 shared = kernels::tile_shared_bytes(a.dtype(), b_dtype, tile);
                 // One block per tile: short-lived blocks stream better than a resident grid.
-                let function = kernels.tiled[index as usize];
-                (7, function, tiles, kernels::TILE_BLOCK, true)
+                let tiled = kernels::add_tiled(ordinal, dtypes, second, index)?;
+                // Bit 2 of the mask: interior tiles in pairs (the kernel's PAIRS).
+                if tiled.pairs && pairs_fit(plan, tile, [o, pa, pb]) {
+                    tile |= 4;
+                }
+                params[6] = (&mut tile as *mut i32).cast();
+                (7, tiled.function, tiles, kernels::TILE_BLOCK, true)
             } else {
                 params[3] = count;
                 params[4] = (&mut geometry as *mut kernels::Geometry).cast();
                 let blocks = n.div_ceil(block as usize);
-                (
-                    5,
-                    kernels.strided[index as usize],
-                    blocks,
-                    (block, 1),
-                    false,
-                )
+                let strided = kernels::add(ordinal, dtypes, second, index)?.strided;
+                (5, strided, blocks, (block, 1), false)
             }
         }
     };
@@ -291,13 +298,16 @@ fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -
     };
     crate::cuda::context::bind(ordinal)?;
     // SAFETY: the first `used` parameters match the chosen kernel's signature in kernels::add
-    // (pointers, then n, or rows, cols, Geometry and the tile mask, in the chosen index width,
-    // which fits every index and offset: fits_32_bits, I32_LIMIT); the vector kernel is chosen
-    // only when every pointer is aligned to its pack; the tiled kernel gets the shared memory
-    // its tiles need (tile_shared_bytes) and is chosen only when out has unit stride along cols
-    // and the tiled inputs along rows (transposed_inputs), which it assumes. Every pointer addresses its operand's validated
-    // layout on this device, `out` is writable and overlaps an input only exactly (checked);
-    // all three buffers are kept alive until the kernel has run (keep_alive_until below).
+    // and kernels::add_tiled (out's and a's pointers; b's pointer, or for Second::Value a
+    // 16-byte-aligned element of b's dtype, which is the kernel's `Splat` parameter; then n, or
+    // rows, cols, Geometry and the tile mask, in the chosen index width, which fits every index
+    // and offset: fits_32_bits, I32_LIMIT). The vector kernel is chosen only when every pointer
+    // is aligned to its pack; the tiled kernel gets the shared memory its tiles need
+    // (tile_shared_bytes) and is chosen only when out has unit stride along cols and the tiled
+    // inputs along rows (transposed_inputs; a value has stride 0, so it is never tiled), which
+    // it assumes. Every pointer addresses its operand's validated layout on this device, `out`
+    // is writable and overlaps an input only exactly (checked); the arrays' buffers are kept
+    // alive until the kernel has run (keep_alive_until below).
     unsafe {
         launch::launch(
             function,
@@ -436,6 +446,36 @@ mod tests {
             kernels::tile_shared_bytes(DType::Float16, DType::Float32, 3),
             64 * 66 * 2 + 64 * 65 * 4
         );
+
+        // Pairs of 2-byte elements: aligned pointers, even strides across.
+        let p = |x: usize| x as *mut u8;
+        let even = coalesce(&[130, 194], [&[194, 1], &[1, 130], &[194, 1]]);
+        assert!(pairs_fit(&even, 1, [p(64), p(128), p(256)]));
+        assert!(
+            !pairs_fit(&even, 1, [p(64), p(130), p(256)]),
+            "a misaligned"
+        );
+        assert!(
+            pairs_fit(&even, 1, [p(64), p(128), std::ptr::null_mut()]),
+            "b a value"
+        );
+        let odd_a = coalesce(&[130, 194], [&[194, 1], &[1, 131], &[194, 1]]);
+        assert!(
+            !pairs_fit(&odd_a, 1, [p(64), p(128), p(256)]),
+            "a's stride across is odd"
+        );
+        let odd_b = coalesce(&[130, 193], [&[194, 1], &[1, 130], &[193, 1]]);
+        assert!(
+            !pairs_fit(&odd_b, 1, [p(64), p(128), p(256)]),
+            "b's stride across is odd"
+        );
+        let column = coalesce(&[130, 194], [&[194, 1], &[1, 130], &[1, 0]]);
+        assert!(
+            !pairs_fit(&column, 1, [p(64), p(128), p(256)]),
+            "b not unit along cols"
+        );
+        let both = coalesce(&[130, 194], [&[194, 1], &[1, 130], &[1, 130]]);
+        assert!(pairs_fit(&both, 3, [p(64), p(128), p(256)]));
 
         let small = coalesce(&[1 << 20], [&[1], &[1], &[1]]);
         assert!(fits_32_bits(&small, 1 << 20));
