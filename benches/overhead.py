@@ -3,6 +3,7 @@ the rounds of the functions compared interleaved):
 
 1. small-call overhead: cubridge.add(a, b, out=c) against torch.add(a, b, out=c) (and
    cupy.add on the same memory) on 1024-element float32 CUDA tensors, 20 000 calls a round;
+   then the same with a Python scalar for b (cubridge passes it to the kernel by value);
 2. exchange, each against its peer:
    torch.from_dlpack(cubridge array)   vs  torch.from_dlpack(cupy array)
    cupy.asarray(cubridge array) (CAI)  vs  cupy.asarray(torch tensor) (CAI)
@@ -115,6 +116,18 @@ def main():
     print(f"  cubridge / torch time: {add['cubridge.add(a, b, out=c)'] / t_torch:.2f}x "
           "(goal <= 1.0, target 0.5)")
 
+    scalar = interleaved({
+        "torch.add(a, 1.5, out=c)": lambda: torch.add(a, 1.5, out=c),
+        "cubridge.add(a, 1.5, out=c)": lambda: cb.add(a, 1.5, out=c),
+    }, n)
+    torch.cuda.synchronize()
+    assert torch.equal(c, a + 1.5)
+    print("\nwith a Python scalar operand")
+    for k, v in scalar.items():
+        print(f"  {k:28} {v * 1e6:7.2f} us")
+    ratio = scalar["cubridge.add(a, 1.5, out=c)"] / scalar["torch.add(a, 1.5, out=c)"]
+    print(f"  cubridge / torch time: {ratio:.2f}x")
+
     parts = attribution(a, b, c, n)
     print("\nwhere a call's time goes (per call)")
     for k, v in parts.items():
@@ -147,7 +160,8 @@ def main():
               f"ratio {t_ours / t_peer:.2f}x (goal <= 1.0)")
     os.makedirs(args.out, exist_ok=True)
     save_json(os.path.join(args.out, "overhead.json"),
-              {"info": info, "add": add, "exchange": exchange, "attribution": parts})
+              {"info": info, "add": add, "scalar": scalar, "exchange": exchange,
+               "attribution": parts})
     series = {k: [(1, v * 1e6), (2, v * 1e6)] for k, v in add.items()}
     plot(os.path.join(args.out, "overhead.png"), "per-call time, 1024 elements", "", "us",
          series, logx=False)

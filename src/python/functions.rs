@@ -203,7 +203,14 @@ pub fn add(
     // Operands whose producers publish the C exchange table come first: the kernel runs on the
     // first one's current work stream unless `stream=` names one, and each is ordered before
     // that stream below. Every other operand is imported with that stream as its consumer.
-    let [mut ex_a, mut ex_b, mut ex_out] = [Some(a), Some(b), out].map(|o| o.and_then(exchanged));
+    // Python scalars have no exchange table (and looking for one costs a failed lookup).
+    let (scalar_a, scalar_b) = (python_scalar(a)?, python_scalar(b)?);
+    let [mut ex_a, mut ex_b, mut ex_out] = [
+        Some(a).filter(|_| scalar_a.is_none()),
+        Some(b).filter(|_| scalar_b.is_none()),
+        out,
+    ]
+    .map(|o| o.and_then(exchanged));
     let kernel_stream = explicit
         .or_else(|| {
             [&ex_a, &ex_b, &ex_out]
@@ -222,7 +229,7 @@ pub fn add(
         .collect();
     // One Python scalar beside an array goes to the kernel by value (add commutes, so the
     // array is always the first input); two scalars make a 0-d array on the CPU.
-    let (x, y) = match (python_scalar(a)?, python_scalar(b)?) {
+    let (x, y) = match (scalar_a, scalar_b) {
         (Some(value), None) => (
             operand(b, ex_b.take(), None, kernel_stream)?,
             Second::Value(value),
