@@ -447,35 +447,24 @@ mod tests {
             64 * 66 * 2 + 64 * 65 * 4
         );
 
-        // Pairs of 2-byte elements: aligned pointers, even strides across.
-        let p = |x: usize| x as *mut u8;
-        let even = coalesce(&[130, 194], [&[194, 1], &[1, 130], &[194, 1]]);
-        assert!(pairs_fit(&even, 1, [p(64), p(128), p(256)]));
-        assert!(
-            !pairs_fit(&even, 1, [p(64), p(130), p(256)]),
-            "a misaligned"
-        );
-        assert!(
-            pairs_fit(&even, 1, [p(64), p(128), std::ptr::null_mut()]),
-            "b a value"
-        );
-        let odd_a = coalesce(&[130, 194], [&[194, 1], &[1, 131], &[194, 1]]);
-        assert!(
-            !pairs_fit(&odd_a, 1, [p(64), p(128), p(256)]),
-            "a's stride across is odd"
-        );
-        let odd_b = coalesce(&[130, 193], [&[194, 1], &[1, 130], &[193, 1]]);
-        assert!(
-            !pairs_fit(&odd_b, 1, [p(64), p(128), p(256)]),
-            "b's stride across is odd"
-        );
-        let column = coalesce(&[130, 194], [&[194, 1], &[1, 130], &[1, 0]]);
-        assert!(
-            !pairs_fit(&column, 1, [p(64), p(128), p(256)]),
-            "b not unit along cols"
-        );
-        let both = coalesce(&[130, 194], [&[194, 1], &[1, 130], &[1, 130]]);
-        assert!(pairs_fit(&both, 3, [p(64), p(128), p(256)]));
+        // Pairs of 2-byte elements: aligned pointers, even strides across. Each row: cols,
+        // strides of out, a, b, the tile mask, b's pointer (0: a value), whether pairs fit.
+        type Case = (usize, [[isize; 2]; 3], i32, usize, bool, &'static str);
+        #[rustfmt::skip]
+        let cases: [Case; 7] = [
+            (194, [[194, 1], [1, 130], [194, 1]], 1, 256, true, "all even"),
+            (194, [[194, 1], [1, 130], [194, 1]], 1, 258, false, "b misaligned"),
+            (194, [[194, 1], [1, 130], [0, 0]], 1, 0, true, "b a value"),
+            (194, [[194, 1], [1, 131], [194, 1]], 1, 256, false, "a's stride across odd"),
+            (193, [[194, 1], [1, 130], [193, 1]], 1, 256, false, "b's stride across odd"),
+            (194, [[194, 1], [1, 130], [1, 0]], 1, 256, false, "b not unit along cols"),
+            (194, [[194, 1], [1, 130], [1, 130]], 3, 256, true, "both tiled"),
+        ];
+        for (cols, [so, sa, sb], mask, b, fits, why) in cases {
+            let plan = coalesce(&[130, cols], [&so, &sa, &sb]);
+            let pointers = [64, 128, b].map(|x| x as *mut u8);
+            assert_eq!(pairs_fit(&plan, mask, pointers), fits, "{why}");
+        }
 
         let small = coalesce(&[1 << 20], [&[1], &[1], &[1]]);
         assert!(fits_32_bits(&small, 1 << 20));
