@@ -167,9 +167,9 @@ fn functions(
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Index {
     /// `unsigned int` (contiguous) or `int` (strided, tiled) indices.
-    I32 = 0,
+    I32,
     /// `long long` indices.
-    I64 = 1,
+    I64,
 }
 
 /// The add kernels of one dtype triple, one index width and one device, but the tiled one

@@ -72,13 +72,7 @@ pub fn add_scalar(
     stream: Option<usize>,
 ) -> Result<Array> {
     let dtype = a.dtype();
-    if !crate::ops::create::value_fits_kind(value, dtype) {
-        return Err(Error::DTypeMismatch {
-            op: "add",
-            left: dtype.name().into(),
-            right: value.kind_name().into(),
-        });
-    }
+    crate::ops::create::check_value_kind(value, dtype, "add")?;
     let Device::Cuda(n) = common_device(&[a], out)? else {
         let b = crate::ops::full(&[], value, dtype, Device::Cpu)?;
         return add(a, &b, out, stream);

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 
 /// An array of `shape` with every element `value` converted to `dtype`.
 pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: Device) -> Result<Array> {
-    check_value_kind(value, dtype)?;
+    check_value_kind(value, dtype, "fill")?;
     if !device.is_host_accessible() {
         let host = full(shape, value, dtype, Device::Cpu)?;
         return super::copy(&host, dtype, device);
@@ -53,30 +53,26 @@ pub fn arange(start: f64, stop: f64, step: f64, dtype: DType, device: Device) ->
     Ok(out)
 }
 
-/// Refuses fill values that the dtype cannot hold meaningfully (a float into an int array,
-/// a complex into a real one), as the Array API does for Python scalars.
-pub fn check_value_kind(value: Scalar, dtype: DType) -> Result<()> {
-    if value_fits_kind(value, dtype) {
-        Ok(())
-    } else {
-        Err(Error::DTypeMismatch {
-            op: "fill",
-            left: format!("{value:?}"),
-            right: dtype.name().into(),
-        })
-    }
-}
-
-/// Whether a Python scalar `value` may take `dtype`: a bool any dtype, an int any but bool, a
-/// float a floating or complex one, a complex a complex one.
-pub fn value_fits_kind(value: Scalar, dtype: DType) -> bool {
-    match (value, dtype.kind()) {
+/// Refuses values that `dtype` cannot hold meaningfully, as the Array API does for Python
+/// scalars: a bool takes any dtype, an int any but bool, a float a floating or complex one, a
+/// complex a complex one. `op` names the operation in the error.
+pub fn check_value_kind(value: Scalar, dtype: DType, op: &'static str) -> Result<()> {
+    let fits = match (value, dtype.kind()) {
         (Scalar::Bool(_), _) => true,
         (Scalar::Int(_), Kind::Bool) => false,
         (Scalar::Int(_), _) => true,
         (Scalar::Float(_), Kind::Float | Kind::Complex) => true,
         (Scalar::Complex(..), Kind::Complex) => true,
         _ => false,
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(Error::DTypeMismatch {
+            op,
+            left: dtype.name().into(),
+            right: value.kind_name().into(),
+        })
     }
 }
 

@@ -352,7 +352,7 @@ pub fn from_sequence(
     let host = Array::empty(&shape, dtype, Device::Cpu)?;
     let size = dtype.itemsize();
     for (i, &v) in values.iter().enumerate() {
-        crate::ops::create::check_value_kind(v, dtype)?;
+        crate::ops::create::check_value_kind(v, dtype, "asarray")?;
         // SAFETY: element i of a fresh contiguous host array of values.len() elements.
         unsafe { fill(dtype, host.data_ptr().add(i * size), 1, v) };
     }
