@@ -52,6 +52,18 @@ def spin(seconds, stream=None):
             torch.cuda._sleep(cycles)
 
 
+def settled_free():
+    """Free device memory once queued work has run and what cubridge's pool, torch and cupy
+    cache unused has gone back to the driver (a pool keeps freed memory for reuse)."""
+    torch.cuda.synchronize()
+    gc.collect()
+    cb.cuda.empty_cache()
+    torch.cuda.empty_cache()
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
+    return cb.cuda.mem_info()[0]
+
+
 def test_device_arrays_round_trip():
     ref = sample((3, 5), "float64")
     a = cb.asarray(ref, device="cuda")
@@ -99,7 +111,7 @@ def test_cuda_array_interface_fields():
     cai = a.__cuda_array_interface__
     assert cai["shape"] == (4, 3) and cai["typestr"] == "<i2" and cai["version"] == 3
     assert cai["data"] == (a.data_ptr, False) and cai["strides"] is None
-    assert cai["stream"] is None  # nothing pending on a fresh array
+    assert cai["stream"] == 1  # the zeroing is queued on the legacy default stream
     pending = cb.add(a, a)
     assert pending.__cuda_array_interface__["stream"] == 1  # handed over via the legacy stream
     t = cb.from_dlpack(torch.zeros(3, 4, dtype=torch.int16, device="cuda").T)
@@ -597,30 +609,23 @@ def test_legacy_stream_result_read_on_other_streams_waits_for_its_kernel():
 
 
 def test_gigabyte_export_is_freed_after_both_sides_let_go():
-    torch.cuda.synchronize()
-    gc.collect()
-    free0, _ = cb.cuda.mem_info()
+    free0 = settled_free()
     a = cb.zeros((1 << 28,), dtype="float32", device="cuda")  # 1 GiB
     t = torch.from_dlpack(a)
     c = cupy.asarray(a) if cupy is not None else None
     del a
-    gc.collect()
-    held, _ = cb.cuda.mem_info()
+    held = settled_free()
     assert free0 - held >= (1 << 30) - (64 << 20), "the export should still hold 1 GiB"
     t.add_(1)
     torch.cuda.synchronize()
     del t, c
-    gc.collect()
-    torch.cuda.synchronize()
-    free1, _ = cb.cuda.mem_info()
+    free1 = settled_free()
     assert abs(free1 - free0) < (64 << 20), (free0, free1)
 
 
 def test_round_trips_keep_device_memory_flat():
-    torch.cuda.synchronize()
-    gc.collect()
     base = cb.zeros((1024,), device="cuda")
-    free0, _ = cb.cuda.mem_info()
+    free0 = settled_free()
     for i in range(100_000):
         t = torch.from_dlpack(base)
         back = cb.from_dlpack(t)
@@ -629,9 +634,7 @@ def test_round_trips_keep_device_memory_flat():
             torch.from_dlpack(fresh)
             del fresh
         del t, back
-    gc.collect()
-    torch.cuda.synchronize()
-    free1, _ = cb.cuda.mem_info()
+    free1 = settled_free()
     assert abs(free1 - free0) < (16 << 20), (free0, free1)
 
 
@@ -672,9 +675,7 @@ def test_operands_are_held_while_the_kernel_waits_and_released_after_without_ano
 def test_deleter_runs_on_another_thread():
     import threading
 
-    torch.cuda.synchronize()
-    gc.collect()
-    free0, _ = cb.cuda.mem_info()
+    free0 = settled_free()
     holder = [torch.from_dlpack(cb.zeros((1 << 26,), device="cuda"))]  # 256 MiB, torch's alone
     assert free0 - cb.cuda.mem_info()[0] >= (256 << 20) - (32 << 20)
 
@@ -685,7 +686,7 @@ def test_deleter_runs_on_another_thread():
     t = threading.Thread(target=drop)
     t.start()
     t.join()
-    assert abs(cb.cuda.mem_info()[0] - free0) < (32 << 20)
+    assert abs(settled_free() - free0) < (32 << 20)
 
 
 def test_interpreter_exits_cleanly_with_live_exports():
@@ -780,9 +781,8 @@ def test_second_gpu():
 
 
 def test_allocation_beyond_free_memory_is_a_memory_error_and_nothing_breaks():
-    torch.cuda.synchronize()
-    gc.collect()
-    free, total = cb.cuda.mem_info()
+    free = settled_free()
+    total = cb.cuda.mem_info()[1]
     with pytest.raises(MemoryError, match="could not allocate"):
         cb.empty((total * 4,), dtype="uint8", device="cuda")
     with pytest.raises(MemoryError):
@@ -795,9 +795,7 @@ def test_allocation_beyond_free_memory_is_a_memory_error_and_nothing_breaks():
     r = cb.add(cb.arange(1000, device="cuda"), torch.ones(1000, device="cuda"))
     np.testing.assert_array_equal(torch.from_dlpack(r).cpu().numpy(), np.arange(1, 1001))
     del r
-    torch.cuda.synchronize()
-    gc.collect()
-    assert abs(cb.cuda.mem_info()[0] - free) < (64 << 20)
+    assert abs(settled_free() - free) < (64 << 20)
 
 
 def test_driver_errors_surface_as_cuda_error():
@@ -844,14 +842,10 @@ def test_100k_device_exchanges_keep_device_and_host_memory_flat(protocol):
     step = DEVICE_PROTOCOLS[protocol]
     for _ in range(2000):
         step(a, t)
-    torch.cuda.synchronize()
-    gc.collect()
-    free0, rss0 = cb.cuda.mem_info()[0], _rss()
+    free0, rss0 = settled_free(), _rss()
     for _ in range(100_000):
         step(a, t)
-    torch.cuda.synchronize()
-    gc.collect()
-    free1, rss1 = cb.cuda.mem_info()[0], _rss()
+    free1, rss1 = settled_free(), _rss()
     # One leaked 4 KiB buffer per cycle would be 400 MB; one leaked event or descriptor, megabytes.
     assert abs(free1 - free0) < (2 << 20), f"device memory moved {free0 - free1} bytes"
     assert rss1 - rss0 < (4 << 20), f"RSS grew {rss1 - rss0} bytes"

@@ -2,7 +2,7 @@
 //! cubridge allocated or a foreign tensor it borrows (a *view*, whose producer the buffer keeps
 //! alive). Both are the same type so every operation accepts either.
 
-use crate::cuda::memory::{DeviceAlloc, ManagedAlloc, PinnedAlloc};
+use crate::cuda::memory::CudaAlloc;
 use crate::cuda::stream::Event;
 use crate::device::Device;
 use crate::dtype::DType;
@@ -34,17 +34,31 @@ impl std::fmt::Debug for Array {
 }
 
 impl Array {
-    /// A new C-contiguous array with unspecified contents.
+    /// A new C-contiguous array with unspecified contents. CUDA device memory is allocated for
+    /// work on the legacy default stream (see [`Array::empty_on`]).
     pub fn empty(shape: &[usize], dtype: DType, device: Device) -> Result<Array> {
-        Self::allocate(shape, dtype, device, false)
+        Self::allocate(shape, dtype, device, false, crate::cuda::stream::LEGACY)
     }
 
-    /// A new C-contiguous array of zeros.
+    /// A new C-contiguous array of zeros (on CUDA devices, zeroed on the legacy default stream).
     pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Array> {
-        Self::allocate(shape, dtype, device, true)
+        Self::allocate(shape, dtype, device, true, crate::cuda::stream::LEGACY)
     }
 
-    fn allocate(shape: &[usize], dtype: DType, device: Device, zeroed: bool) -> Result<Array> {
+    /// A new C-contiguous array with unspecified contents, whose CUDA device memory comes from the
+    /// device's pool for work on `stream` (DLPack numbering): the allocation is recorded as that
+    /// stream's pending write, so work on other streams is ordered after it.
+    pub fn empty_on(shape: &[usize], dtype: DType, device: Device, stream: usize) -> Result<Array> {
+        Self::allocate(shape, dtype, device, false, stream)
+    }
+
+    fn allocate(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        zeroed: bool,
+        stream: usize,
+    ) -> Result<Array> {
         let layout = Layout::contiguous(shape)?;
         let bytes = checked_numel(shape)?
             .checked_mul(dtype.itemsize())
@@ -54,17 +68,40 @@ impl Array {
         }
         let storage = match device {
             Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
-            Device::Cuda(n) => Storage::Cuda(DeviceAlloc::new(bytes, n, zeroed)?),
-            Device::CudaHost => Storage::CudaHost(PinnedAlloc::new(bytes, zeroed)?),
-            Device::CudaManaged => Storage::CudaManaged(ManagedAlloc::new(bytes, zeroed)?),
+            Device::Cuda(n) => Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?),
+            Device::CudaHost => Storage::Cuda(CudaAlloc::pinned(bytes, zeroed)?),
+            Device::CudaManaged => Storage::Cuda(CudaAlloc::managed(bytes, zeroed)?),
         };
-        Ok(Array {
+        let array = Array {
             buffer: Arc::new(Buffer::owned(storage)),
             layout,
             dtype,
             device,
             readonly: false,
+        };
+        // A pool allocation (and its zeroing) is work queued on `stream`: other streams order
+        // after it as after a write.
+        Ok(match device {
+            Device::Cuda(_) if bytes == 0 => array,
+            Device::Cuda(_) if stream == crate::cuda::stream::LEGACY => array.with_legacy_write(),
+            Device::Cuda(n) => {
+                let event = Event::record(stream, n)?;
+                array.with_pending(stream, event)
+            }
+            _ => array,
         })
+    }
+
+    /// Records that a consumer reads this array's memory on `stream`: freeing it waits for the
+    /// work queued there at that time (see [`crate::cuda::free`]).
+    pub fn record_consumer(&self, stream: usize) {
+        self.buffer.record_consumer(stream);
+    }
+
+    /// Records a consumer of this array's memory whose stream is unknown: freeing it waits for
+    /// the whole device, on a background thread.
+    pub fn record_unknown_consumer(&self) {
+        self.buffer.record_unknown_consumer();
     }
 
     /// An array over an existing buffer.

@@ -76,12 +76,8 @@ impl Drop for HostAlloc {
 pub enum Storage {
     /// Ordinary host memory.
     Host(HostAlloc),
-    /// CUDA device memory.
-    Cuda(crate::cuda::memory::DeviceAlloc),
-    /// Pinned host memory.
-    CudaHost(crate::cuda::memory::PinnedAlloc),
-    /// Managed memory.
-    CudaManaged(crate::cuda::memory::ManagedAlloc),
+    /// CUDA memory: device (from the device's pool), pinned host, or managed.
+    Cuda(crate::cuda::memory::CudaAlloc),
 }
 
 /// What keeps a buffer's memory valid.
@@ -101,6 +97,20 @@ pub struct Buffer {
     /// after it. Kept with the memory, not with one array, so that every array over the buffer
     /// (the `out` a caller passed, views, clones) orders after a write through any of them.
     last_write: std::sync::Mutex<Option<LastWrite>>,
+    /// Who else reads this memory, for its free to wait for (cubridge's own memory only).
+    consumers: std::sync::Mutex<Consumers>,
+}
+
+/// Declared consumer streams kept per buffer; past this many the free waits for the device.
+const MAX_CONSUMER_STREAMS: usize = 32;
+
+/// The consumers of an exported buffer whose reads a free must follow.
+#[derive(Default)]
+struct Consumers {
+    /// Streams the consumers declared (DLPack numbering), each once.
+    streams: Vec<usize>,
+    /// A consumer whose stream cubridge does not know.
+    unknown: bool,
 }
 
 /// See [`Buffer::last_write`].
@@ -125,13 +135,12 @@ impl Buffer {
         let ptr = match &storage {
             Storage::Host(alloc) => alloc.as_ptr(),
             Storage::Cuda(alloc) => alloc.as_ptr(),
-            Storage::CudaHost(alloc) => alloc.as_ptr(),
-            Storage::CudaManaged(alloc) => alloc.as_ptr(),
         };
         Buffer {
             ptr,
             owner: Owner::Storage(storage),
             last_write: std::sync::Mutex::new(None),
+            consumers: Default::default(),
         }
     }
 
@@ -146,6 +155,7 @@ impl Buffer {
             ptr,
             owner: Owner::Foreign(keepalive),
             last_write: std::sync::Mutex::new(None),
+            consumers: Default::default(),
         }
     }
 
@@ -188,6 +198,62 @@ impl Buffer {
     /// Whether cubridge allocated this memory.
     pub fn is_owned(&self) -> bool {
         matches!(self.owner, Owner::Storage(_))
+    }
+
+    /// Whether this is CUDA memory cubridge allocated (whose free it orders).
+    fn is_owned_cuda(&self) -> bool {
+        matches!(self.owner, Owner::Storage(Storage::Cuda(_)))
+    }
+
+    /// Records that a consumer reads this memory on `stream` (DLPack numbering): the free waits
+    /// for the work queued there when the memory is let go. Nothing to record for memory
+    /// cubridge does not own (its producer frees it).
+    pub fn record_consumer(&self, stream: usize) {
+        if !self.is_owned_cuda() {
+            return;
+        }
+        let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        if consumers.unknown || consumers.streams.contains(&stream) {
+            return;
+        }
+        if consumers.streams.len() == MAX_CONSUMER_STREAMS {
+            // So many streams (some perhaps destroyed since) are waited for as unknown ones.
+            consumers.streams.clear();
+            consumers.unknown = true;
+            return;
+        }
+        consumers.streams.push(stream);
+    }
+
+    /// Records a consumer whose stream is unknown (the CUDA array interface, `stream=-1`, the
+    /// DLPack C exchange table) or a use by a captured graph: the free then waits for the device.
+    pub fn record_unknown_consumer(&self) {
+        if self.is_owned_cuda() {
+            self.consumers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .unknown = true;
+        }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // The allocation frees itself as it drops, after the uses handed to it here.
+        if let Owner::Storage(Storage::Cuda(alloc)) = &mut self.owner {
+            let write = self
+                .last_write
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            let consumers =
+                std::mem::take(self.consumers.get_mut().unwrap_or_else(|p| p.into_inner()));
+            alloc.set_uses(crate::cuda::free::Uses {
+                write: write.map(|w| (w.stream, w.event)),
+                streams: consumers.streams,
+                unknown: consumers.unknown,
+            });
+        }
     }
 }
 

@@ -8,7 +8,16 @@ import os
 from . import _cubridge
 from ._cubridge import Stream
 
-__all__ = ["Stream", "device_count", "is_available", "mem_info", "synchronize"]
+__all__ = [
+    "Stream",
+    "device_count",
+    "empty_cache",
+    "is_available",
+    "mem_info",
+    "memory_stats",
+    "record_stream",
+    "synchronize",
+]
 
 
 def is_available() -> bool:
@@ -29,6 +38,42 @@ def synchronize(device=None) -> None:
 def mem_info(device="cuda") -> tuple[int, int]:
     """Free and total bytes of device memory."""
     return _cubridge.cuda_mem_info(device)
+
+
+def empty_cache(device=None) -> None:
+    """Gives back to the driver the device memory that the device's pool holds unused (what
+    cubridge, and any other user of the pool, freed). Waits for the device first, like
+    ``torch.cuda.empty_cache()``."""
+    _cubridge.cuda_empty_cache(device)
+
+
+def memory_stats(device=None) -> dict[str, int]:
+    """Byte counts for ``device`` (default: the current device): ``allocated_bytes`` (cubridge
+    arrays alive now), ``allocated_bytes_peak``, ``allocations`` (made so far), ``reserved_bytes``
+    (what the device's pool holds from the driver, for cubridge and every other user of the pool),
+    ``reserved_bytes_peak`` and ``pool_used_bytes`` (handed out by the pool now, to anyone)."""
+    return _cubridge.cuda_memory_stats(device)
+
+
+def record_stream(array, stream) -> None:
+    """Records that ``array``'s memory is read on ``stream`` (an int, a torch or cupy stream, or
+    any object with ``__cuda_stream__``), a use that no protocol reported to cubridge: when the
+    memory is let go, its reuse waits for the work queued on that stream at that time."""
+    _cubridge.cuda_record_stream(array, stream)
+
+
+def _release_other_caches():
+    """Asks PyTorch and CuPy, where already imported, to give their cached device memory back.
+    cubridge calls this before an allocation fails for lack of memory."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def _nvidia_library_dirs():

@@ -1,42 +1,213 @@
-//! CUDA allocations (device, pinned host, managed), copies, and pointer queries. Every
-//! allocation is freed exactly once, by its `Drop`, from whatever thread drops it; failures
-//! while freeing (a driver already torn down at exit) are ignored rather than panicking.
+//! CUDA allocations: device memory from each device's stream-ordered pool, pinned host memory,
+//! and managed memory, as one type ([`CudaAlloc`]); plus copies and pointer queries.
+//!
+//! Device memory is allocated with `cuMemAllocFromPoolAsync` from the device's *current* pool
+//! (the one PyTorch's `cudaMallocAsync` backend and CuPy's `MemoryAsyncPool` use, so the three
+//! share what it holds), on the stream whose work will use it first. The pool's release
+//! threshold is raised to the maximum once per device, so memory freed into it is reused
+//! without driver round trips instead of being handed back at every synchronize. Freeing is
+//! stream-ordered too and never waits on the host: see [`super::free`]. A device without pool
+//! support falls back to `cuMemAlloc` and a synchronous `cuMemFree` (on a background thread).
 
-use super::{check, context};
+use super::free::{self, Uses};
+use super::stream::LEGACY;
+use super::{check, context, stream};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
-/// Device memory on one CUDA device.
-pub struct DeviceAlloc {
-    ptr: sys::CUdeviceptr,
-    ordinal: u32,
+/// What kind of CUDA memory an allocation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Device memory on one device.
+    Device {
+        /// The device.
+        ordinal: u32,
+        /// Whether it came from the device's pool (else from `cuMemAlloc`).
+        pooled: bool,
+    },
+    /// Page-locked host memory.
+    Pinned,
+    /// Managed (unified) memory.
+    Managed,
 }
 
-/// Page-locked host memory.
-pub struct PinnedAlloc {
-    ptr: *mut c_void,
+/// A CUDA allocation, freed exactly once when dropped, ordered after every use recorded with
+/// [`CudaAlloc::set_uses`] (see [`super::free`]).
+pub struct CudaAlloc {
+    ptr: u64,
+    bytes: usize,
+    kind: Kind,
+    uses: Uses,
 }
 
-/// Managed (unified) memory.
-pub struct ManagedAlloc {
-    ptr: sys::CUdeviceptr,
-}
-
-// SAFETY: the allocations are plain addresses owned uniquely; freeing binds the right context
-// on whichever thread does it.
-unsafe impl Send for DeviceAlloc {}
+// SAFETY: an allocation is a plain address owned uniquely; freeing binds the right context on
+// whichever thread does it.
+unsafe impl Send for CudaAlloc {}
 // SAFETY: as above; shared references only read the address.
-unsafe impl Sync for DeviceAlloc {}
-// SAFETY: as above.
-unsafe impl Send for PinnedAlloc {}
-// SAFETY: as above.
-unsafe impl Sync for PinnedAlloc {}
-// SAFETY: as above.
-unsafe impl Send for ManagedAlloc {}
-// SAFETY: as above.
-unsafe impl Sync for ManagedAlloc {}
+unsafe impl Sync for CudaAlloc {}
+
+/// A device's pool, looked up (and its release threshold raised) on first use.
+#[derive(Clone, Copy)]
+enum Pool {
+    Unknown,
+    Unsupported,
+    Ready(usize),
+}
+
+static POOLS: Mutex<Vec<Pool>> = Mutex::new(Vec::new());
+
+/// The current memory pool of device `ordinal`, or `None` where the device has no pool support.
+/// The first call per device raises the pool's release threshold to the maximum.
+pub fn pool(ordinal: u32) -> Result<Option<sys::CUmemoryPool>> {
+    let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+    let i = ordinal as usize;
+    if pools.len() <= i {
+        pools.resize(i + 1, Pool::Unknown);
+    }
+    match pools[i] {
+        Pool::Ready(p) => return Ok(Some(p as sys::CUmemoryPool)),
+        Pool::Unsupported => return Ok(None),
+        Pool::Unknown => {}
+    }
+    let supported = context::attribute(
+        ordinal,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+    )
+    .unwrap_or(0)
+        != 0;
+    if !supported {
+        pools[i] = Pool::Unsupported;
+        return Ok(None);
+    }
+    let dev = check(result::device::get(ordinal as i32), "looking up the device")?;
+    // SAFETY: `dev` is a valid device handle.
+    let pool = check(
+        unsafe { result::device::get_mem_pool(dev) },
+        "looking up the device's memory pool",
+    )?;
+    let mut threshold = u64::MAX;
+    // SAFETY: a live pool; RELEASE_THRESHOLD takes a u64, which `threshold` is.
+    let raised = unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    };
+    check(raised, "raising the memory pool's release threshold")?;
+    pools[i] = Pool::Ready(pool as usize);
+    Ok(Some(pool))
+}
+
+/// Bytes cubridge holds on each device (allocated and not yet handed back), and the most it
+/// ever held, by ordinal.
+static IN_USE: Mutex<Vec<(u64, u64, u64)>> = Mutex::new(Vec::new());
+/// Allocations made, all devices (for `memory_stats`).
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+fn count(ordinal: u32, bytes: usize, add: bool) {
+    let mut table = IN_USE.lock().unwrap_or_else(|p| p.into_inner());
+    let i = ordinal as usize;
+    if table.len() <= i {
+        table.resize(i + 1, (0, 0, 0));
+    }
+    let (current, peak, allocations) = &mut table[i];
+    if add {
+        *current += bytes as u64;
+        *peak = (*peak).max(*current);
+        *allocations += 1;
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    } else {
+        *current = current.saturating_sub(bytes as u64);
+    }
+}
+
+/// What cubridge and the pool hold on one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Bytes of cubridge arrays alive now (their frees not yet queued).
+    pub allocated: u64,
+    /// The most `allocated` has been.
+    pub allocated_peak: u64,
+    /// Device allocations cubridge has made.
+    pub allocations: u64,
+    /// Bytes the device's pool holds from the driver (in use by anyone, or cached).
+    pub reserved: u64,
+    /// The most `reserved` has been.
+    pub reserved_peak: u64,
+    /// Bytes of the pool handed out now, to cubridge and to every other user of the pool.
+    pub pool_used: u64,
+}
+
+/// Memory statistics of device `ordinal`.
+pub fn stats(ordinal: u32) -> Result<Stats> {
+    context::bind(ordinal)?;
+    let (allocated, allocated_peak, allocations) = IN_USE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(ordinal as usize)
+        .copied()
+        .unwrap_or_default();
+    let mut stats = Stats {
+        allocated,
+        allocated_peak,
+        allocations,
+        ..Stats::default()
+    };
+    if let Some(pool) = pool(ordinal)? {
+        let read = |attr| -> Result<u64> {
+            let mut value = 0u64;
+            // SAFETY: a live pool; these attributes are u64 values.
+            let r = unsafe {
+                result::mem_pool::get_attribute(pool, attr, (&mut value as *mut u64).cast())
+            };
+            check(r, "reading the memory pool's statistics")?;
+            Ok(value)
+        };
+        use sys::CUmemPool_attribute as A;
+        stats.reserved = read(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        stats.reserved_peak = read(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?;
+        stats.pool_used = read(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+    }
+    Ok(stats)
+}
+
+/// Gives the driver back what device `ordinal`'s pool holds unused. Waits for the device and for
+/// cubridge's deferred frees first (an explicit request, like `torch.cuda.empty_cache()`), so
+/// that everything cubridge no longer uses is in the pool to be trimmed.
+pub fn empty_cache(ordinal: u32) -> Result<()> {
+    context::synchronize(ordinal)?;
+    free::drain();
+    super::release::flush();
+    context::synchronize(ordinal)?;
+    trim(ordinal)
+}
+
+fn trim(ordinal: u32) -> Result<()> {
+    if let Some(pool) = pool(ordinal)? {
+        // SAFETY: a live pool.
+        let trimmed = unsafe { result::mem_pool::trim_to(pool, 0) };
+        check(trimmed, "trimming the memory pool")?;
+    }
+    Ok(())
+}
+
+/// Called, once per failed allocation, to ask other libraries in the process (PyTorch, CuPy) to
+/// give their cached device memory back; set by the Python module.
+static OUT_OF_MEMORY_HOOK: Mutex<Option<fn()>> = Mutex::new(None);
+
+/// Sets the hook that asks other libraries to release their caches before an allocation fails.
+pub fn set_out_of_memory_hook(hook: fn()) {
+    *OUT_OF_MEMORY_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+}
+
+fn is_oom(e: &Error) -> bool {
+    matches!(e, Error::OutOfMemory { .. })
+}
 
 fn oom(bytes: usize, device: Device) -> impl Fn(Error) -> Error {
     move |e| match e {
@@ -48,107 +219,127 @@ fn oom(bytes: usize, device: Device) -> impl Fn(Error) -> Error {
     }
 }
 
-impl DeviceAlloc {
-    /// Allocates `bytes` on device `ordinal`, zeroed if asked.
-    pub fn new(bytes: usize, ordinal: u32, zeroed: bool) -> Result<DeviceAlloc> {
+/// Runs `alloc`; when it fails for lack of memory, gives memory back and tries again: first
+/// what the pool holds unused, then (after waiting for the device, so that queued frees have
+/// happened) also what other libraries cache.
+fn with_retries<T>(ordinal: u32, mut alloc: impl FnMut() -> Result<T>) -> Result<T> {
+    match alloc() {
+        Err(e) if is_oom(&e) => {}
+        done => return done,
+    }
+    trim(ordinal)?;
+    match alloc() {
+        Err(e) if is_oom(&e) => {}
+        done => return done,
+    }
+    let hook = *OUT_OF_MEMORY_HOOK.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(hook) = hook {
+        hook();
+    }
+    empty_cache(ordinal)?;
+    context::bind(ordinal)?;
+    alloc()
+}
+
+impl CudaAlloc {
+    /// Allocates `bytes` of device memory on `ordinal`, usable by work queued on `stream`
+    /// (DLPack numbering) from now on, zeroed there if asked. Other streams must be ordered
+    /// after `stream` first (the caller records the allocation as `stream`'s pending write).
+    pub fn device(bytes: usize, ordinal: u32, stream: usize, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(ordinal)?;
+        let mut kind = Kind::Device {
+            ordinal,
+            pooled: true,
+        };
         if bytes == 0 {
-            return Ok(DeviceAlloc { ptr: 0, ordinal });
+            return Ok(CudaAlloc::new(0, 0, kind));
         }
         let device = Device::Cuda(ordinal);
-        // SAFETY: a context is current; the result is checked.
-        let ptr = check(
-            unsafe { result::malloc_sync(bytes) },
-            "allocating device memory",
-        )
+        let pool = pool(ordinal)?;
+        let handle = stream::handle(stream);
+        let ptr = with_retries(ordinal, || match pool {
+            // SAFETY: a live pool of this device; `handle` is a live stream of the current
+            // context (the caller's); the result is checked.
+            Some(pool) => check(
+                unsafe { result::mem_pool::alloc_async(pool, bytes, handle) },
+                "allocating device memory",
+            ),
+            // SAFETY: a context is current; the result is checked.
+            None => check(
+                unsafe { result::malloc_sync(bytes) },
+                "allocating device memory",
+            ),
+        })
         .map_err(oom(bytes, device))?;
-        let alloc = DeviceAlloc { ptr, ordinal };
+        if pool.is_none() {
+            kind = Kind::Device {
+                ordinal,
+                pooled: false,
+            };
+        }
+        let alloc = CudaAlloc::new(ptr, bytes, kind);
+        count(ordinal, bytes, true);
         if zeroed {
-            // SAFETY: `ptr` addresses `bytes` freshly allocated bytes.
-            let zeroing = unsafe { result::memset_d8_sync(ptr, 0, bytes) };
-            check(zeroing, "zeroing device memory")?;
+            // SAFETY: `ptr` addresses `bytes` bytes allocated for work on `handle`, queued there.
+            let zeroing = unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, handle) };
+            check(zeroing.result(), "zeroing device memory")?;
         }
         Ok(alloc)
     }
 
-    /// The device address.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr as *mut u8
-    }
-}
-
-impl Drop for DeviceAlloc {
-    fn drop(&mut self) {
-        // Freeing must not leave this thread on another device than it was.
-        let _restore = context::Restore::new();
-        if self.ptr != 0 && context::bind(self.ordinal).is_ok() {
-            // SAFETY: allocated by cuMemAlloc in this context, freed only here. cuMemFree waits
-            // for work that may still use the memory.
-            let _ = unsafe { result::free_sync(self.ptr) };
-        }
-    }
-}
-
-impl PinnedAlloc {
     /// Allocates `bytes` of page-locked host memory, zeroed if asked.
-    pub fn new(bytes: usize, zeroed: bool) -> Result<PinnedAlloc> {
+    pub fn pinned(bytes: usize, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(0)?;
         if bytes == 0 {
-            return Ok(PinnedAlloc {
-                ptr: crate::storage::HOST_ALIGN as *mut c_void,
-            });
+            return Ok(CudaAlloc::new(0, 0, Kind::Pinned));
         }
-        // SAFETY: a context is current; flags 0 is plain pinned memory.
-        let ptr = check(
-            unsafe { result::malloc_host(bytes, 0) },
-            "allocating pinned memory",
-        )
+        let ptr = with_retries(0, || {
+            // SAFETY: a context is current; flags 0 is plain pinned memory.
+            let ptr = unsafe { result::malloc_host(bytes, 0) };
+            check(ptr, "allocating pinned memory")
+        })
         .map_err(oom(bytes, Device::CudaHost))?;
         if zeroed {
             // SAFETY: `ptr` addresses `bytes` writable host bytes.
             unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
         }
-        Ok(PinnedAlloc { ptr })
+        Ok(CudaAlloc::new(ptr as u64, bytes, Kind::Pinned))
     }
 
-    /// The host address.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr as *mut u8
-    }
-}
-
-impl Drop for PinnedAlloc {
-    fn drop(&mut self) {
-        // Freeing must not leave this thread on another device than it was.
-        let _restore = context::Restore::new();
-        if self.ptr as usize != crate::storage::HOST_ALIGN && context::bind(0).is_ok() {
-            // SAFETY: allocated by cuMemHostAlloc, freed only here.
-            let _ = unsafe { result::free_host(self.ptr) };
-        }
-    }
-}
-
-impl ManagedAlloc {
     /// Allocates `bytes` of managed memory, zeroed if asked.
-    pub fn new(bytes: usize, zeroed: bool) -> Result<ManagedAlloc> {
+    pub fn managed(bytes: usize, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(0)?;
         if bytes == 0 {
-            return Ok(ManagedAlloc { ptr: 0 });
+            return Ok(CudaAlloc::new(0, 0, Kind::Managed));
         }
-        // SAFETY: a context is current; global attachment makes it usable from any stream.
-        let ptr = check(
-            unsafe { result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) },
-            "allocating managed memory",
-        )
+        let ptr = with_retries(0, || {
+            // SAFETY: a context is current; global attachment makes it usable from any stream.
+            check(
+                unsafe {
+                    result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)
+                },
+                "allocating managed memory",
+            )
+        })
         .map_err(oom(bytes, Device::CudaManaged))?;
         if zeroed {
             // SAFETY: managed memory is host-accessible; nothing else uses it yet.
             unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
         }
-        Ok(ManagedAlloc { ptr })
+        Ok(CudaAlloc::new(ptr, bytes, Kind::Managed))
     }
 
-    /// The (unified) address.
+    fn new(ptr: u64, bytes: usize, kind: Kind) -> CudaAlloc {
+        CudaAlloc {
+            ptr,
+            bytes,
+            kind,
+            uses: Uses::default(),
+        }
+    }
+
+    /// The address (device, or host for pinned and managed memory). An empty allocation has an
+    /// aligned address that is never dereferenced.
     pub fn as_ptr(&self) -> *mut u8 {
         if self.ptr == 0 {
             crate::storage::HOST_ALIGN as *mut u8
@@ -156,16 +347,28 @@ impl ManagedAlloc {
             self.ptr as *mut u8
         }
     }
+
+    /// What kind of memory this is.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The work the free must follow: the buffer's last write and the streams its consumers
+    /// declared (set by the buffer as it goes).
+    pub fn set_uses(&mut self, uses: Uses) {
+        self.uses = uses;
+    }
 }
 
-impl Drop for ManagedAlloc {
+impl Drop for CudaAlloc {
     fn drop(&mut self) {
-        // Freeing must not leave this thread on another device than it was.
-        let _restore = context::Restore::new();
-        if self.ptr != 0 && context::bind(0).is_ok() {
-            // SAFETY: allocated by cuMemAllocManaged, freed only here.
-            let _ = unsafe { result::free_sync(self.ptr) };
+        if self.ptr == 0 {
+            return;
         }
+        if let Kind::Device { ordinal, .. } = self.kind {
+            count(ordinal, self.bytes, false);
+        }
+        free::free(self.ptr, self.kind, std::mem::take(&mut self.uses));
     }
 }
 
@@ -180,20 +383,83 @@ pub unsafe fn copy_sync(
     src: *const u8,
     bytes: usize,
     ordinal: u32,
-    stream: sys::CUstream,
+    stream: usize,
 ) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { copy_async(dst, src, bytes, ordinal, stream)? };
+    check(
+        // SAFETY: a live stream of the context `copy_async` bound.
+        unsafe { result::stream::synchronize(stream::handle(stream)) },
+        "waiting for a copy",
+    )
+}
+
+/// Queues a copy of `bytes` from `src` to `dst` on `stream` of device `ordinal` without waiting.
+///
+/// # Safety
+/// Both ranges are valid for `bytes` and do not overlap, and stay valid until the copy has run
+/// (the caller keeps them alive, or their frees are ordered after `stream`).
+pub unsafe fn copy_async(
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+    ordinal: u32,
+    stream: usize,
+) -> Result<()> {
+    context::bind(ordinal)?;
     if bytes == 0 {
         return Ok(());
     }
-    context::bind(ordinal)?;
     // SAFETY: the caller's contract; a context is current.
-    unsafe {
-        check(
-            sys::cuMemcpyAsync(dst as u64, src as u64, bytes, stream).result(),
-            "copying memory",
-        )?;
-        check(result::stream::synchronize(stream), "waiting for a copy")
-    }
+    check(
+        unsafe {
+            sys::cuMemcpyAsync(dst as u64, src as u64, bytes, stream::handle(stream)).result()
+        },
+        "copying memory",
+    )
+}
+
+/// Sets `n` elements of `itemsize` bytes at `dst` (device memory of `ordinal`) to the element
+/// whose bytes are `value[..itemsize]`, with memsets queued on `stream`: no host staging, no
+/// wait. Elements of 8 and 16 bytes whose 4-byte words differ are set word by word, each word
+/// of every element in one strided (2-D) memset.
+///
+/// # Safety
+/// `dst` addresses `n * itemsize` bytes of device memory, 4-byte aligned for elements of 4 bytes
+/// or more, that stay valid until the memsets have run.
+pub unsafe fn fill_async(
+    dst: *mut u8,
+    n: usize,
+    value: &[u8],
+    ordinal: u32,
+    stream: usize,
+) -> Result<()> {
+    context::bind(ordinal)?;
+    let itemsize = value.len();
+    let (dst, h) = (dst as u64, stream::handle(stream));
+    let word = |i: usize| u32::from_ne_bytes([value[i], value[i + 1], value[i + 2], value[i + 3]]);
+    let words: Vec<u32> = (0..itemsize / 4).map(|k| word(4 * k)).collect();
+    // SAFETY: the caller's contract; every memset below stays inside n * itemsize bytes.
+    let r = unsafe {
+        match itemsize {
+            1 => sys::cuMemsetD8Async(dst, value[0], n, h),
+            2 => sys::cuMemsetD16Async(dst, u16::from_ne_bytes([value[0], value[1]]), n, h),
+            4 => sys::cuMemsetD32Async(dst, words[0], n, h),
+            _ if words.iter().all(|&w| w == words[0]) => {
+                sys::cuMemsetD32Async(dst, words[0], n * words.len(), h)
+            }
+            _ => {
+                for (k, &w) in words.iter().enumerate() {
+                    let r = sys::cuMemsetD2D32Async(dst + 4 * k as u64, itemsize, w, 1, n, h);
+                    if r != sys::CUresult::CUDA_SUCCESS {
+                        return check(r.result(), "filling device memory");
+                    }
+                }
+                sys::CUresult::CUDA_SUCCESS
+            }
+        }
+    };
+    check(r.result(), "filling device memory")
 }
 
 /// The device that owns `ptr`, by asking the driver (the CUDA array interface carries no
@@ -223,4 +489,32 @@ pub fn pointer_device(ptr: usize) -> Result<Device> {
 pub fn mem_info(ordinal: u32) -> Result<(usize, usize)> {
     context::bind(ordinal)?;
     check(result::mem_get_info(), "reading memory use")
+}
+
+/// Releases the memory of `kind` at `ptr` now, on the calling thread: a pooled block on the
+/// legacy default stream, anything else with the driver's synchronous free.
+///
+/// # Safety
+/// `ptr` is a live allocation of `kind`, freed only here, and no queued work still uses it (or,
+/// for a pooled block, all such work is ordered before the legacy default stream's next work).
+pub(super) unsafe fn release_now(ptr: u64, kind: Kind) {
+    let _restore = context::Restore::new();
+    let ordinal = match kind {
+        Kind::Device { ordinal, .. } => ordinal,
+        Kind::Pinned | Kind::Managed => 0,
+    };
+    if context::bind(ordinal).is_err() {
+        // The driver is gone (interpreter exit after teardown): nothing to give back.
+        return;
+    }
+    // SAFETY: the caller's contract; errors (a context already torn down) are ignored.
+    let _ = unsafe {
+        match kind {
+            Kind::Device { pooled: true, .. } => {
+                sys::cuMemFreeAsync(ptr, stream::handle(LEGACY)).result()
+            }
+            Kind::Device { pooled: false, .. } | Kind::Managed => result::free_sync(ptr),
+            Kind::Pinned => result::free_host(ptr as *mut c_void),
+        }
+    };
 }

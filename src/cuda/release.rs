@@ -121,6 +121,8 @@ pub fn keep_alive_until(
 }
 
 fn release_loop() {
+    // Queries beside a graph capture in the global mode would be refused and invalidate it.
+    let _relaxed = super::stream::RelaxedCapture::new();
     let mut quiet = 0;
     loop {
         {
@@ -173,6 +175,29 @@ fn sweep() {
     // Deleters may take their producers' locks (and the GIL): with none of ours held but the
     // one that keeps release_all out.
     drop(stale);
+}
+
+/// Drops at once every entry whose kernel has run, those set aside for launching threads too
+/// (`cubridge.cuda.empty_cache` calls it after waiting for the device, so that the buffers of
+/// finished kernels go back to the pool before it is trimmed).
+pub fn flush() {
+    let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
+    let (mut taken, ready) = {
+        let mut q = queue();
+        if q.stopped {
+            return;
+        }
+        (std::mem::take(&mut q.entries), std::mem::take(&mut q.ready))
+    };
+    record_legacy_events(&mut taken);
+    let done = finished(&mut taken);
+    {
+        let mut q = queue();
+        let pushed_meanwhile = std::mem::replace(&mut q.entries, taken);
+        q.entries.extend(pushed_meanwhile);
+    }
+    drop(ready);
+    drop(done);
 }
 
 /// Gives the entries of the legacy default stream that have no event yet one recorded there now,

@@ -114,7 +114,7 @@ impl Event {
 
     /// Whether the work before the event is done (an error counts as done: nothing more will
     /// happen on its account).
-    pub(super) fn is_done(&self) -> bool {
+    pub fn is_done(&self) -> bool {
         // SAFETY: a live event; querying needs no current context.
         let r = unsafe { sys::cuEventQuery(self.raw as sys::CUevent) };
         r != sys::CUresult::CUDA_ERROR_NOT_READY
@@ -163,4 +163,62 @@ pub fn destroy(stream: usize, ordinal: u32) {
         // SAFETY: a stream from `create`, destroyed once; queued work still completes.
         let _ = unsafe { result::stream::destroy(handle(stream)) };
     }
+}
+
+/// Whether `stream` of device `ordinal` is capturing a graph (an invalidated capture counts: it
+/// has not ended yet). The legacy default stream never captures.
+pub fn is_capturing(stream: usize, ordinal: u32) -> Result<bool> {
+    if stream == LEGACY {
+        return Ok(false);
+    }
+    context::bind(ordinal)?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `stream` is a stream handle of the current context; the status is written to a
+    // local of the right type.
+    let r = unsafe { sys::cuStreamIsCapturing(handle(stream), &mut status) };
+    check(r.result(), "asking whether a stream is capturing")?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Puts the calling thread in the relaxed stream-capture mode until dropped: calls that a
+/// capture in the global mode (the default, `torch.cuda.graph`'s among them) would otherwise
+/// refuse, and be invalidated by, are allowed. cubridge uses it on its background threads and
+/// around the few calls it makes beside a capture it takes part in.
+pub struct RelaxedCapture(Option<sys::CUstreamCaptureMode>);
+
+impl RelaxedCapture {
+    /// Enters the relaxed mode (inert without a driver).
+    pub fn new() -> RelaxedCapture {
+        if !crate::cuda::is_available() {
+            return RelaxedCapture(None);
+        }
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: exchanges this thread's mode with a valid one; the previous one is written back.
+        let r = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        RelaxedCapture(r.result().ok().map(|_| mode))
+    }
+}
+
+impl Default for RelaxedCapture {
+    fn default() -> Self {
+        RelaxedCapture::new()
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.0.take() {
+            // SAFETY: restores the mode this thread had, a valid one.
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
+}
+
+/// Whether the work queued so far on `stream` of device `ordinal` has run (an error counts as
+/// run: nothing more will happen there).
+pub fn is_idle(stream: usize, ordinal: u32) -> Result<bool> {
+    context::bind(ordinal)?;
+    // SAFETY: a live stream handle of the current context.
+    let r = unsafe { sys::cuStreamQuery(handle(stream)) };
+    Ok(r != sys::CUresult::CUDA_ERROR_NOT_READY)
 }

@@ -28,20 +28,21 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> 
         Cow::Owned(broadcast_shapes(a.shape(), b.shape())?)
     };
     let device = common_device(&[a, b], out)?;
+    let stream = stream.unwrap_or(cuda_stream::LEGACY);
+    let capture = Capture::of(device, stream)?;
     let out = match out {
         Some(out) => {
             check_out(out, &shape, dtype, &[a, b])?;
             out.clone()
         }
-        None => Array::empty(&shape, dtype, device)?,
+        None => new_result(&shape, dtype, device, stream, &capture)?,
     };
     if out.numel() == 0 {
         return Ok(out);
     }
     let (a_b, b_b) = (broadcast(a, &shape)?, broadcast(b, &shape)?);
     if let Device::Cuda(n) = device {
-        let stream = stream.unwrap_or(cuda_stream::LEGACY);
-        return add_cuda(n, stream, &a_b, Second::Array(&b_b), out);
+        return add_cuda(n, stream, &a_b, Second::Array(&b_b), out, capture);
     }
     let (order, strides) = order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
     let plan = coalesce(&order, [&strides[0], &strides[1], &strides[2]]);
@@ -77,18 +78,88 @@ pub fn add_scalar(
         let b = crate::ops::full(&[], value, dtype, Device::Cpu)?;
         return add(a, &b, out, stream);
     };
+    let stream = stream.unwrap_or(cuda_stream::LEGACY);
+    let capture = Capture::of(Device::Cuda(n), stream)?;
     let out = match out {
         Some(out) => {
             check_out(out, a.shape(), dtype, &[a])?;
             out.clone()
         }
-        None => Array::empty(a.shape(), dtype, a.device())?,
+        None => new_result(a.shape(), dtype, a.device(), stream, &capture)?,
     };
     if out.numel() == 0 {
         return Ok(out);
     }
-    let stream = stream.unwrap_or(cuda_stream::LEGACY);
-    add_cuda(n, stream, a, Second::Value(value), out)
+    add_cuda(n, stream, a, Second::Value(value), out, capture)
+}
+
+/// Whether a CUDA add runs into a graph that its stream is capturing. Then the thread is put in
+/// the relaxed capture mode for the call (the kernel lookup may load a module, the result's
+/// allocation waits for the legacy default stream: both refused, and fatal to the capture,
+/// in the global mode), and the add records no events and holds no buffers: the graph's
+/// replays use its operands at times nobody knows, so, as with PyTorch's graphs, the caller
+/// keeps them alive while it may replay, and cubridge frees its own memory that a graph used
+/// only after waiting for the device.
+enum Capture {
+    No,
+    Yes {
+        _relaxed: cuda_stream::RelaxedCapture,
+    },
+}
+
+impl Capture {
+    fn of(device: Device, stream: usize) -> Result<Capture> {
+        match device {
+            Device::Cuda(n) if cuda_stream::is_capturing(stream, n)? => {
+                crate::cuda::free::note_capture(n, stream);
+                Ok(Capture::Yes {
+                    _relaxed: cuda_stream::RelaxedCapture::new(),
+                })
+            }
+            _ => Ok(Capture::No),
+        }
+    }
+}
+
+/// A new array for the result of an add on `stream`. Under capture its memory is taken outside
+/// the graph (so that it outlives and serves every replay, which a graph allocation would not)
+/// and is ready before the capture continues.
+fn new_result(
+    shape: &[usize],
+    dtype: DType,
+    device: Device,
+    stream: usize,
+    capture: &Capture,
+) -> Result<Array> {
+    match (capture, device) {
+        (Capture::Yes { .. }, Device::Cuda(n)) => {
+            let out = Array::empty(shape, dtype, device)?;
+            cuda_stream::synchronize(cuda_stream::LEGACY, n)?;
+            Ok(out)
+        }
+        _ => Array::empty_on(shape, dtype, device, stream),
+    }
+}
+
+/// Refuses an operand of a captured add whose last write is neither done nor on the capturing
+/// stream: a graph cannot wait for work outside it.
+fn check_captured_operand(x: &Array, stream: usize, ordinal: u32) -> Result<()> {
+    let Some(write) = x.buffer().last_write() else {
+        return Ok(());
+    };
+    let done = match &write.event {
+        _ if write.stream == stream => true,
+        Some(event) => event.is_done(),
+        None => cuda_stream::is_idle(write.stream, ordinal)?,
+    };
+    if done {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "an operand of an add captured into a CUDA graph still has work pending on another \
+             stream; synchronize before capturing",
+        ))
+    }
 }
 
 /// The second input of a CUDA add: an array, or one value for every element.
@@ -157,13 +228,23 @@ fn pairs_fit(plan: &Coalesced<3>, tile: i32, pointers: [*mut u8; 3]) -> bool {
         })
 }
 
-fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
+fn add_cuda(
+    ordinal: u32,
+    stream: usize,
+    a: &Array,
+    b: Second<'_>,
+    out: Array,
+    capture: Capture,
+) -> Result<Array> {
     let b_array = match b {
         Second::Array(b) => Some(b),
         Second::Value(_) => None,
     };
     for operand in [Some(a), b_array, Some(&out)].into_iter().flatten() {
-        operand.order_before(stream)?;
+        match capture {
+            Capture::No => operand.order_before(stream)?,
+            Capture::Yes { .. } => check_captured_operand(operand, stream, ordinal)?,
+        }
     }
     let n = out.numel();
     // Operands that are all C-contiguous over one shape (the common case) are one flat run;
@@ -301,7 +382,8 @@ fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -
     // inputs along rows (transposed_inputs; a value has stride 0, so it is never tiled), which
     // it assumes. Every pointer addresses its operand's validated layout on this device, `out`
     // is writable and overlaps an input only exactly (checked); the arrays' buffers are kept
-    // alive until the kernel has run (keep_alive_until below).
+    // alive until the kernel has run (keep_alive_until below), or, for a kernel captured into a
+    // graph, by the caller while it replays the graph (see `Capture`).
     unsafe {
         launch::launch(
             function,
@@ -312,6 +394,13 @@ fn add_cuda(ordinal: u32, stream: usize, a: &Array, b: Second<'_>, out: Array) -
             &mut params[..used],
         )?
     };
+    if let Capture::Yes { .. } = capture {
+        // Memory of cubridge's that the graph uses is freed only after waiting for the device.
+        for operand in [Some(a), b_array, Some(&out)].into_iter().flatten() {
+            operand.record_unknown_consumer();
+        }
+        return Ok(out);
+    }
     // On the legacy default stream, which runs its work in order, an event recorded later still
     // follows this kernel: none is recorded now, only when somebody needs one (the releaser of
     // the buffers, a consumer on another stream). Any other stream gets its event at once: its

@@ -10,8 +10,10 @@ use crate::layout::coalesce;
 use std::ffi::c_void;
 
 /// A new C-contiguous array on `device` holding `src`'s values converted to `dtype` (numpy's
-/// unsafe-cast rules; see [`crate::cpu::element::Element::from_scalar`]). Pending work on `src`'s
-/// stream is waited for; the copy is complete on return.
+/// unsafe-cast rules; see [`crate::cpu::element::Element::from_scalar`]). Copies into device
+/// memory are queued on the legacy default stream, after the source's pending work, and return
+/// without waiting (the result records that stream's pending write; the source is kept alive
+/// until the copy has run); copies into host memory are complete on return.
 pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     let host_src = src.device().is_host_accessible();
     if host_src && device.is_host_accessible() {
@@ -22,24 +24,29 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
         return host_copy(src, dtype, device);
     }
     if host_src {
+        if let Some(event) = src.pending()? {
+            event.synchronize()?;
+        }
         // Host to device: stage a contiguous host array of the target dtype, then one copy.
         let staged = if src.layout().is_contiguous() && src.dtype() == dtype {
             src.clone()
         } else {
             host_copy(src, dtype, Device::Cpu)?
         };
-        let dst = Array::empty(src.shape(), dtype, device)?;
         let n = cuda_ordinal(device)?;
-        // SAFETY: both are contiguous with the same byte size; dst is a fresh allocation.
+        let dst = Array::empty(src.shape(), dtype, device)?;
+        // SAFETY: both are contiguous with the same byte size; dst is a fresh allocation for the
+        // legacy default stream; the staged memory is kept alive until the copy has run.
         unsafe {
-            memory::copy_sync(
+            memory::copy_async(
                 dst.data_ptr(),
                 staged.data_ptr(),
                 dst.nbytes(),
                 n,
-                stream::handle(stream::LEGACY),
+                stream::LEGACY,
             )?
         };
+        keep_until_legacy_work_ran(n, [&staged]);
         return Ok(dst);
     }
     // From device memory: make it contiguous on its device first.
@@ -53,21 +60,56 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     };
     if dtype == src.dtype() {
         let dst = Array::empty(src.shape(), dtype, device)?;
-        // SAFETY: same shape and dtype, both contiguous; dst is fresh.
-        unsafe {
-            memory::copy_sync(
-                dst.data_ptr(),
-                contiguous.data_ptr(),
-                dst.nbytes(),
-                n,
-                stream::handle(stream::LEGACY),
-            )?
-        };
+        match device {
+            Device::Cuda(m) if m == n => {
+                // SAFETY: same shape and dtype, both contiguous on this device; dst is fresh and
+                // allocated for the legacy default stream; the source is kept alive until the
+                // copy has run.
+                unsafe {
+                    memory::copy_async(
+                        dst.data_ptr(),
+                        contiguous.data_ptr(),
+                        dst.nbytes(),
+                        n,
+                        stream::LEGACY,
+                    )?
+                };
+                keep_until_legacy_work_ran(n, [src, &contiguous]);
+            }
+            _ => {
+                if let Device::Cuda(m) = device {
+                    // Another device's stream copies into it: the allocation must have happened.
+                    stream::synchronize(stream::LEGACY, m)?;
+                }
+                // SAFETY: same shape and dtype, both contiguous; dst is fresh; the copy is
+                // complete on return, while both are alive.
+                unsafe {
+                    memory::copy_sync(
+                        dst.data_ptr(),
+                        contiguous.data_ptr(),
+                        dst.nbytes(),
+                        n,
+                        stream::LEGACY,
+                    )?
+                };
+            }
+        }
         return Ok(dst);
     }
     // A cast of device data goes through the host.
     let host = copy(&contiguous, contiguous.dtype(), Device::Cpu)?;
     copy(&host, dtype, device)
+}
+
+/// Keeps the buffers of `arrays` alive until the work queued so far on device `ordinal`'s legacy
+/// default stream has run.
+fn keep_until_legacy_work_ran<const N: usize>(ordinal: u32, arrays: [&Array; N]) {
+    crate::cuda::release::keep_alive_until(
+        None,
+        arrays.iter().map(|a| a.buffer().clone()).collect(),
+        stream::LEGACY,
+        ordinal,
+    );
 }
 
 fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
@@ -88,7 +130,8 @@ fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
 }
 
 /// A contiguous copy of a strided device array on the same device, queued on the legacy
-/// default stream (which the caller has ordered after the source's pending work).
+/// default stream (which the caller has ordered after the source's pending work; the caller
+/// keeps the source alive until the gather has run).
 fn gather(src: &Array) -> Result<Array> {
     let n = cuda_ordinal(src.device())?;
     let dst = Array::empty(src.shape(), src.dtype(), src.device())?;
@@ -108,8 +151,8 @@ fn gather(src: &Array) -> Result<Array> {
     ];
     cuda::context::bind(n)?;
     // SAFETY: cb_gather(T* o, const T* s, long long n, Geometry g) matches the params; `o` holds
-    // `count` elements, `s`'s layout stays in its buffer; both live until the copy completes
-    // (the caller synchronizes the stream before dropping them).
+    // `count` elements, `s`'s layout stays in its buffer; both live until the gather has run
+    // (dst's free is ordered after the legacy default stream's work; the caller keeps src).
     unsafe {
         launch::launch(
             function,

@@ -11,9 +11,24 @@ use crate::error::{Error, Result};
 /// An array of `shape` with every element `value` converted to `dtype`.
 pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: Device) -> Result<Array> {
     check_value_kind(value, dtype, "fill")?;
-    if !device.is_host_accessible() {
-        let host = full(shape, value, dtype, Device::Cpu)?;
-        return super::copy(&host, dtype, device);
+    if let Device::Cuda(n) = device {
+        // Filled on the device, on the legacy default stream the allocation is recorded on.
+        let out = Array::empty(shape, dtype, device)?;
+        let mut element = [0u8; 16];
+        // SAFETY: 16 writable bytes hold one element of any dtype.
+        unsafe { fill(dtype, element.as_mut_ptr(), 1, value) };
+        // SAFETY: `out` is a fresh contiguous device allocation of `numel` elements of
+        // `dtype`, aligned for it, freed only after the legacy default stream's work.
+        unsafe {
+            crate::cuda::memory::fill_async(
+                out.data_ptr(),
+                out.numel(),
+                &element[..dtype.itemsize()],
+                n,
+                crate::cuda::stream::LEGACY,
+            )?
+        };
+        return Ok(out);
     }
     let out = Array::empty(shape, dtype, device)?;
     // SAFETY: `out` is a fresh contiguous host-accessible allocation of `numel` elements.

@@ -52,10 +52,17 @@ impl DlpackExporter for Exporter<'_> {
             CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => cs::LEGACY,
             CudaStreamRequest::PerThreadDefault => cs::PER_THREAD,
             CudaStreamRequest::Pointer(p) => p,
-            CudaStreamRequest::NoSync => return Ok(()),
+            CudaStreamRequest::NoSync => {
+                // The consumer orders its reads itself, on a stream it does not name.
+                self.0.record_unknown_consumer();
+                return Ok(());
+            }
         };
-        // The consumer's stream waits for our pending work; the host never blocks.
-        Ok(self.0.order_before(consumer)?)
+        // The consumer's stream waits for our pending work; the host never blocks. The memory's
+        // free will wait for what the consumer queues there.
+        self.0.order_before(consumer)?;
+        self.0.record_consumer(consumer);
+        Ok(())
     }
 
     fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
@@ -298,8 +305,10 @@ unsafe impl dlpark::python::DlpackExchangeProducer for PyArray {
     ) -> PyResult<Managed<DLManagedTensorVersioned>> {
         if matches!(self.inner.device(), Device::Cuda(_)) {
             // cubridge's work stream is the legacy default stream: pending work on any other
-            // stream is ordered before it with an event, without blocking the host.
+            // stream is ordered before it with an event, without blocking the host. The
+            // consumer's own stream is not told: the memory's free waits for the device.
             self.inner.order_before(cs::LEGACY)?;
+            self.inner.record_unknown_consumer();
         }
         Ok(to_managed(&self.inner, false)?)
     }

@@ -44,6 +44,8 @@ pub fn export<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyDict
         d.set_item("strides", PyTuple::new(py, bytes)?)?;
     }
     d.set_item("version", 3)?;
+    // The consumer reads on a stream it does not name: the memory's free waits for the device.
+    array.record_unknown_consumer();
     // Pending work is handed over through the legacy default stream, which is made to wait for
     // it: the stream the array was written on may since have been destroyed by its owner.
     if array.has_pending() {

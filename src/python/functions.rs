@@ -323,14 +323,7 @@ pub fn cuda_device_count() -> usize {
 #[pyo3(signature = (device=None))]
 pub fn cuda_synchronize(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let _restore = crate::cuda::context::Restore::new();
-    let device = match device.filter(|d| !d.is_none()) {
-        None => crate::cuda::current_device()?,
-        Some(d) => parse_device(Some(d))?,
-    };
-    let crate::Device::Cuda(n) = device else {
-        return Err(Error::invalid(format!("{device} is not a CUDA device")).into());
-    };
-    crate::cuda::require(device)?;
+    let n = cuda_device(device)?;
     Ok(py.detach(|| crate::cuda::context::synchronize(n))?)
 }
 
@@ -346,6 +339,86 @@ pub fn _release_pending(py: Python<'_>) {
 #[pyfunction]
 pub fn _add_nvrtc_search_dirs(dirs: Vec<std::path::PathBuf>) {
     crate::cuda::nvrtc::add_search_dirs(dirs);
+}
+
+/// The CUDA device a `device=` argument names (default: the current device).
+fn cuda_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
+    let device = match device.filter(|d| !d.is_none()) {
+        None => crate::cuda::current_device()?,
+        Some(d) => parse_device(Some(d))?,
+    };
+    let crate::Device::Cuda(n) = device else {
+        return Err(Error::invalid(format!("{device} is not a CUDA device")).into());
+    };
+    crate::cuda::require(device)?;
+    Ok(n)
+}
+
+/// Gives back to the driver what the device's memory pool holds unused, after waiting for the
+/// device and for cubridge's pending frees.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn cuda_empty_cache(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let _restore = crate::cuda::context::Restore::new();
+    let n = cuda_device(device)?;
+    // Buffers released here may run their producers' deleters, which take the GIL.
+    Ok(py.detach(|| crate::cuda::memory::empty_cache(n))?)
+}
+
+/// cubridge's device memory and the device pool's, as a dict of byte counts.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn cuda_memory_stats<'py>(
+    py: Python<'py>,
+    device: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    let _restore = crate::cuda::context::Restore::new();
+    let stats = crate::cuda::memory::stats(cuda_device(device)?)?;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("allocated_bytes", stats.allocated)?;
+    d.set_item("allocated_bytes_peak", stats.allocated_peak)?;
+    d.set_item("allocations", stats.allocations)?;
+    d.set_item("reserved_bytes", stats.reserved)?;
+    d.set_item("reserved_bytes_peak", stats.reserved_peak)?;
+    d.set_item("pool_used_bytes", stats.pool_used)?;
+    Ok(d)
+}
+
+/// Records that `array`'s memory is read on `stream`, a use that no protocol reported: freeing
+/// the memory waits for the work queued on that stream when the memory is let go.
+#[pyfunction]
+pub fn cuda_record_stream(array: &Bound<'_, PyAny>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+    let array = array.cast::<PyArray>().map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "record_stream takes a cubridge.Array, not {}",
+            array
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })?;
+    let array = &array.get().inner;
+    let crate::Device::Cuda(_) = array.device() else {
+        return Err(Error::invalid(format!(
+            "record_stream orders CUDA device memory; this array is on {}",
+            array.device()
+        ))
+        .into());
+    };
+    let stream = super::stream::parse(Some(stream))?
+        .ok_or_else(|| Error::invalid("record_stream needs a stream, not None"))?;
+    array.record_consumer(stream);
+    Ok(())
+}
+
+/// Asks PyTorch and CuPy, where loaded, to give their cached device memory back; cubridge calls
+/// it before an allocation fails for lack of memory.
+pub fn release_other_caches() {
+    let _ = Python::try_attach(|py| -> PyResult<()> {
+        py.import("cubridge.cuda")?
+            .call_method0("_release_other_caches")?;
+        Ok(())
+    });
 }
 
 /// Free and total bytes of device memory on `device`.

@@ -32,6 +32,10 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_mem_info, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_record_stream, m)?)?;
+    crate::cuda::memory::set_out_of_memory_hook(functions::release_other_caches);
     m.add_function(wrap_pyfunction!(functions::_add_nvrtc_search_dirs, m)?)?;
     m.add_class::<stream::PyStream>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

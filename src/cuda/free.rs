@@ -1,0 +1,244 @@
+//! Freeing CUDA memory without ever waiting on the host.
+//!
+//! A pooled device block is freed with `cuMemFreeAsync`, ordered after everything that may still
+//! use it: the last write recorded on its buffer and the work queued, at the moment it is let
+//! go, on every stream a consumer declared (`__dlpack__(stream=s)`,
+//! `cubridge.cuda.record_stream`). cubridge's own kernels keep the buffers they use alive until
+//! they have run (see [`super::release`]), so by the time a block is freed they are done. The
+//! free goes on the legacy default stream when that stream covers every use (it runs in order,
+//! and waits for every blocking stream, the per-thread default streams among them); otherwise on
+//! a per-device stream of cubridge's that waits on an event of each use, so that no stream of the
+//! caller's is made to wait for another's work.
+//!
+//! What cannot be ordered that way goes to a background thread (`cubridge-free`), which waits
+//! for the device and then frees: memory exported to a consumer whose stream is unknown (the CUDA
+//! array interface, `stream=-1`, the DLPack C exchange table), memory used by a captured CUDA
+//! graph, frees whose consumer stream is being captured (deferred until the capture ends),
+//! pinned and managed memory (whose driver frees wait for the device), and device memory of a
+//! device without pool support. The caller's thread never waits for any of it.
+//!
+//! Both background threads of cubridge run in the relaxed stream-capture mode: their queries and
+//! waits would otherwise be refused while any thread captures a graph in the global mode (the
+//! default of `torch.cuda.graph`), and would invalidate that capture.
+
+use super::memory::{release_now, Kind};
+use super::stream::{self, Event, LEGACY, PER_THREAD};
+use super::{check, context};
+use crate::error::Result;
+use cudarc::driver::sys;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
+use std::time::Duration;
+
+/// The uses a free must follow.
+#[derive(Default)]
+pub struct Uses {
+    /// The last write: its stream (DLPack numbering) and the event after it (`None` only on the
+    /// legacy default stream, whose later work follows it anyway).
+    pub write: Option<(usize, Option<Arc<Event>>)>,
+    /// Streams that consumers declared they read on.
+    pub streams: Vec<usize>,
+    /// A consumer read on a stream cubridge does not know, or a captured graph used the memory:
+    /// the free waits for the whole device, on the background thread.
+    pub unknown: bool,
+}
+
+/// Frees `ptr` (of `kind`) after `uses`, without blocking the calling thread.
+pub(super) fn free(ptr: u64, kind: Kind, uses: Uses) {
+    if let Kind::Device {
+        ordinal,
+        pooled: true,
+    } = kind
+    {
+        if !uses.unknown && ordered_free(ptr, ordinal, &uses).is_ok() {
+            return;
+        }
+    }
+    background(Job { ptr, kind, uses });
+}
+
+/// Queues the free of a pooled block after its uses, or fails (and queues nothing) when that
+/// cannot be done here: a consumer stream that is capturing, gone, or refuses an event.
+fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
+    let _restore = context::Restore::new();
+    context::bind(ordinal)?;
+    let mut events: Vec<Arc<Event>> = Vec::new();
+    let mut legacy = false;
+    match &uses.write {
+        Some((_, Some(event))) if !event.is_done() => events.push(event.clone()),
+        Some((s, None)) => legacy |= *s == LEGACY,
+        _ => {}
+    }
+    for &s in &uses.streams {
+        if s == LEGACY || s == PER_THREAD {
+            legacy = true;
+            continue;
+        }
+        if stream::is_capturing(s, ordinal)? {
+            return Err(crate::Error::invalid("a consumer stream is capturing"));
+        }
+        events.push(Arc::new(Event::record(s, ordinal)?));
+    }
+    if events.is_empty() {
+        // SAFETY: a pooled block of this device, freed only here; everything that used it is
+        // before the legacy default stream's next work.
+        let r = unsafe { sys::cuMemFreeAsync(ptr, stream::handle(LEGACY)) };
+        return check(r.result(), "freeing device memory");
+    }
+    let on = free_stream(ordinal)?;
+    if legacy {
+        events.push(Arc::new(Event::record(LEGACY, ordinal)?));
+    }
+    for event in &events {
+        event.wait(on)?;
+    }
+    // SAFETY: a pooled block, freed only here, on a stream ordered after every use.
+    let r = unsafe { sys::cuMemFreeAsync(ptr, stream::handle(on)) };
+    check(r.result(), "freeing device memory")
+}
+
+/// cubridge's stream for frees on device `ordinal`, created on first use and kept.
+fn free_stream(ordinal: u32) -> Result<usize> {
+    static STREAMS: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+    let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+    let i = ordinal as usize;
+    if streams.len() <= i {
+        streams.resize(i + 1, None);
+    }
+    if let Some(s) = streams[i] {
+        return Ok(s);
+    }
+    let s = stream::create(ordinal)?;
+    streams[i] = Some(s);
+    Ok(s)
+}
+
+/// A free for the background thread.
+struct Job {
+    ptr: u64,
+    kind: Kind,
+    uses: Uses,
+}
+
+struct Queue {
+    jobs: Vec<Job>,
+    /// The thread is working on jobs it took.
+    busy: bool,
+    /// The thread is running (else jobs run on the caller's thread).
+    running: bool,
+}
+
+static QUEUE: Mutex<Queue> = Mutex::new(Queue {
+    jobs: Vec::new(),
+    busy: false,
+    running: false,
+});
+static WORK: Condvar = Condvar::new();
+static IDLE: Condvar = Condvar::new();
+
+fn queue() -> MutexGuard<'static, Queue> {
+    QUEUE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Streams on which cubridge saw a capture begin; background waits hold off until each has
+/// ended. (A capture cubridge never takes part in is not known here.)
+static CAPTURING: Mutex<Vec<(u32, usize)>> = Mutex::new(Vec::new());
+
+/// Notes that `stream` of device `ordinal` is capturing a graph.
+pub fn note_capture(ordinal: u32, stream: usize) {
+    let mut streams = CAPTURING.lock().unwrap_or_else(|p| p.into_inner());
+    if !streams.contains(&(ordinal, stream)) {
+        streams.push((ordinal, stream));
+    }
+}
+
+fn background(job: Job) {
+    static START: Once = Once::new();
+    START.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("cubridge-free".into())
+            .spawn(free_loop);
+        queue().running = spawned.is_ok();
+    });
+    let mut q = queue();
+    q.jobs.push(job);
+    if q.running {
+        drop(q);
+        WORK.notify_one();
+        return;
+    }
+    // No thread could be started: the caller waits, as before pools.
+    let jobs = std::mem::take(&mut q.jobs);
+    drop(q);
+    run(jobs);
+}
+
+fn free_loop() {
+    let _relaxed = stream::RelaxedCapture::new();
+    loop {
+        let jobs = {
+            let mut q = queue();
+            while q.jobs.is_empty() {
+                q.busy = false;
+                IDLE.notify_all();
+                q = WORK.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+            q.busy = true;
+            std::mem::take(&mut q.jobs)
+        };
+        run(jobs);
+    }
+}
+
+/// Waits for the captures in progress and for each device, then frees.
+fn run(jobs: Vec<Job>) {
+    let _restore = context::Restore::new();
+    wait_for_captures(&jobs);
+    let mut waited: Vec<u32> = Vec::new();
+    for job in &jobs {
+        let ordinal = match job.kind {
+            Kind::Device { ordinal, .. } => ordinal,
+            Kind::Pinned | Kind::Managed => 0,
+        };
+        if !waited.contains(&ordinal) {
+            // An error means the context is unusable: nothing runs on it any more.
+            let _ = context::synchronize(ordinal);
+            waited.push(ordinal);
+        }
+    }
+    for job in jobs {
+        // SAFETY: each job owns its allocation, freed only here, after the device finished all
+        // work queued before the job was (the synchronize above).
+        unsafe { release_now(job.ptr, job.kind) };
+        drop(job.uses);
+    }
+}
+
+/// Holds off while any stream cubridge knows to be capturing still is, including the consumer
+/// streams of the jobs (their frees were deferred for that).
+fn wait_for_captures(jobs: &[Job]) {
+    let mut streams: Vec<(u32, usize)> =
+        CAPTURING.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for job in jobs {
+        if let Kind::Device { ordinal, .. } = job.kind {
+            streams.extend(job.uses.streams.iter().map(|&s| (ordinal, s)));
+        }
+    }
+    streams.retain(|&(_, s)| s != LEGACY && s != PER_THREAD);
+    for (ordinal, s) in streams {
+        while stream::is_capturing(s, ordinal).unwrap_or(false) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        CAPTURING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|&entry| entry != (ordinal, s));
+    }
+}
+
+/// Waits until the background thread has freed everything handed to it so far.
+pub fn drain() {
+    let mut q = queue();
+    while q.running && (q.busy || !q.jobs.is_empty()) {
+        q = IDLE.wait(q).unwrap_or_else(|p| p.into_inner());
+    }
+}
