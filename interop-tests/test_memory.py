@@ -203,6 +203,7 @@ def test_allocating_adds_and_zeros_keep_memory_flat_and_empty_cache_gives_it_bac
     for _ in range(1000):
         c = cb.add(x, y)
         z = cb.zeros((1 << 16,), device="cuda")
+    del c, z
     settle()
     stats0 = cb.cuda.memory_stats()
     free0 = cb.cuda.mem_info()[0]
@@ -277,14 +278,17 @@ def test_allocating_add_is_captured_into_a_cuda_graph_and_replays():
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up: compile and load the kernels outside the capture
         for _ in range(3):
-            cb.add(cb.add(a, b), 1.0)
+            c = cb.add(a, b)
+            cb.add(cb.add(c, 1.0, stream=s), c, stream=s)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        c = cb.add(a, b)
-        d = cb.add(c, 1.0)
-        e = d + c
+        c = cb.add(a, b)  # on torch's current stream, the capturing one
+        # Operands that are all cubridge's name no framework stream: the capturing one is given.
+        here = torch.cuda.current_stream()
+        d = cb.add(c, 1.0, stream=here)
+        e = cb.add(d, c, stream=here)
     for _ in range(3):
         a.copy_(torch.randn(n, device="cuda"))
         b.copy_(torch.randn(n, device="cuda"))

@@ -52,6 +52,24 @@ impl Array {
         Self::allocate(shape, dtype, device, false, stream)
     }
 
+    /// A new C-contiguous CUDA device array for a graph being captured on device `ordinal`:
+    /// memory from outside the pool, ready for any stream, with no pending write (see
+    /// [`CudaAlloc::device_outside_pool`]).
+    pub fn empty_for_capture(shape: &[usize], dtype: DType, ordinal: u32) -> Result<Array> {
+        let layout = Layout::contiguous(shape)?;
+        let bytes = checked_numel(shape)?
+            .checked_mul(dtype.itemsize())
+            .ok_or_else(|| Error::invalid(format!("shape {shape:?} is too large")))?;
+        let storage = Storage::Cuda(CudaAlloc::device_outside_pool(bytes, ordinal)?);
+        Ok(Array {
+            buffer: Arc::new(Buffer::owned(storage)),
+            layout,
+            dtype,
+            device: Device::Cuda(ordinal),
+            readonly: false,
+        })
+    }
+
     fn allocate(
         shape: &[usize],
         dtype: DType,

@@ -200,8 +200,14 @@ fn run(jobs: Vec<Job>) {
             Kind::Pinned | Kind::Managed => 0,
         };
         if !waited.contains(&ordinal) {
-            // An error means the context is unusable: nothing runs on it any more.
-            let _ = context::synchronize(ordinal);
+            // Refused while a capture runs (one cubridge did not see begin): wait it out. Any
+            // other error means the context is unusable: nothing runs on it any more.
+            while let Err(crate::Error::Cuda { name, .. }) = context::synchronize(ordinal) {
+                if !name.contains("CAPTURE") {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
             waited.push(ordinal);
         }
     }

@@ -287,6 +287,27 @@ impl CudaAlloc {
         Ok(alloc)
     }
 
+    /// Allocates `bytes` of device memory on `ordinal` outside the pool, with `cuMemAlloc`, ready
+    /// for any stream on return. For memory taken while a graph is being captured (the caller
+    /// has the thread in the relaxed capture mode): no stream is touched, and the memory serves
+    /// every replay. Freed after waiting for the device, on the background thread.
+    pub fn device_outside_pool(bytes: usize, ordinal: u32) -> Result<CudaAlloc> {
+        context::bind(ordinal)?;
+        let kind = Kind::Device {
+            ordinal,
+            pooled: false,
+        };
+        if bytes == 0 {
+            return Ok(CudaAlloc::new(0, 0, kind));
+        }
+        // SAFETY: a context is current; the result is checked.
+        let ptr = unsafe { result::malloc_sync(bytes) };
+        let ptr =
+            check(ptr, "allocating device memory").map_err(oom(bytes, Device::Cuda(ordinal)))?;
+        count(ordinal, bytes, true);
+        Ok(CudaAlloc::new(ptr, bytes, kind))
+    }
+
     /// Allocates `bytes` of page-locked host memory, zeroed if asked.
     pub fn pinned(bytes: usize, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(0)?;

@@ -42,6 +42,8 @@ struct Pending {
     _buffers: Vec<Arc<Buffer>>,
     /// Entries of one thread on one stream finish in the order pushed.
     group: (ThreadId, u32, usize),
+    /// No event could be recorded for it because its context is unusable.
+    context_lost: bool,
 }
 
 struct Queue {
@@ -95,6 +97,7 @@ pub fn keep_alive_until(
         event,
         _buffers: buffers,
         group: (std::thread::current().id(), ordinal, stream),
+        context_lost: false,
     };
     let mut q = queue();
     q.entries.push(entry);
@@ -201,29 +204,43 @@ pub fn flush() {
 }
 
 /// Gives the entries of the legacy default stream that have no event yet one recorded there now,
-/// one per device. Where it cannot be recorded the context is unusable (its kernels no longer
-/// run) and the entries stay without one, which counts as done.
+/// one per device. Where it cannot be recorded because a graph capture forbids the legacy
+/// stream for now, the entries wait for the next poll; any other failure means the context is
+/// unusable (its kernels no longer run), and the entries count as done.
 fn record_legacy_events(entries: &mut [Pending]) {
-    let mut recorded: Vec<(u32, Option<Arc<Event>>)> = Vec::new();
+    let mut recorded: Vec<(u32, Result<Arc<Event>, bool>)> = Vec::new();
     for entry in entries.iter_mut().filter(|e| e.event.is_none()) {
         let ordinal = entry.group.1;
         let event = match recorded.iter().find(|(o, _)| *o == ordinal) {
             Some((_, event)) => event.clone(),
             None => {
                 let _restore = super::context::Restore::new();
-                let event = Event::record(LEGACY, ordinal).ok().map(Arc::new);
+                let event = Event::record(LEGACY, ordinal)
+                    .map(Arc::new)
+                    .map_err(|e| !is_capture_refusal(&e));
                 recorded.push((ordinal, event.clone()));
                 event
             }
         };
-        entry.event = event;
+        match event {
+            Ok(event) => entry.event = Some(event),
+            Err(lost) => entry.context_lost = lost,
+        }
     }
 }
 
-/// Whether the kernel of `entry` has run (an entry without an event is one whose context could
-/// not record it: see [`record_legacy_events`]).
+/// Whether a driver call was refused only because a graph is being captured.
+fn is_capture_refusal(e: &crate::Error) -> bool {
+    matches!(e, crate::Error::Cuda { name, .. } if name.contains("CAPTURE"))
+}
+
+/// Whether the kernel of `entry` has run (an entry without an event has run only when its
+/// context was lost: see [`record_legacy_events`]).
 fn has_run(entry: &Pending) -> bool {
-    entry.event.as_ref().is_none_or(|e| e.is_done())
+    match &entry.event {
+        Some(event) => event.is_done(),
+        None => entry.context_lost,
+    }
 }
 
 /// Takes the entries whose events have happened out of `entries` (which keeps push order).

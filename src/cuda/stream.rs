@@ -213,12 +213,3 @@ impl Drop for RelaxedCapture {
         }
     }
 }
-
-/// Whether the work queued so far on `stream` of device `ordinal` has run (an error counts as
-/// run: nothing more will happen there).
-pub fn is_idle(stream: usize, ordinal: u32) -> Result<bool> {
-    context::bind(ordinal)?;
-    // SAFETY: a live stream handle of the current context.
-    let r = unsafe { sys::cuStreamQuery(handle(stream)) };
-    Ok(r != sys::CUresult::CUDA_ERROR_NOT_READY)
-}

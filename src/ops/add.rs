@@ -122,8 +122,8 @@ impl Capture {
 }
 
 /// A new array for the result of an add on `stream`. Under capture its memory is taken outside
-/// the graph (so that it outlives and serves every replay, which a graph allocation would not)
-/// and is ready before the capture continues.
+/// the graph and outside the pool (a graph allocation would not outlive a replay, and the pool
+/// would need a stream the capture allows), ready before the capture continues.
 fn new_result(
     shape: &[usize],
     dtype: DType,
@@ -132,25 +132,23 @@ fn new_result(
     capture: &Capture,
 ) -> Result<Array> {
     match (capture, device) {
-        (Capture::Yes { .. }, Device::Cuda(n)) => {
-            let out = Array::empty(shape, dtype, device)?;
-            cuda_stream::synchronize(cuda_stream::LEGACY, n)?;
-            Ok(out)
-        }
+        (Capture::Yes { .. }, Device::Cuda(n)) => Array::empty_for_capture(shape, dtype, n),
         _ => Array::empty_on(shape, dtype, device, stream),
     }
 }
 
 /// Refuses an operand of a captured add whose last write is neither done nor on the capturing
-/// stream: a graph cannot wait for work outside it.
-fn check_captured_operand(x: &Array, stream: usize, ordinal: u32) -> Result<()> {
+/// stream: a graph cannot wait for work outside it. A write on the legacy default stream counts
+/// as done: that stream may not even be queried during a capture, and `torch.cuda.graph`
+/// synchronizes the device as it begins.
+fn check_captured_operand(x: &Array, stream: usize) -> Result<()> {
     let Some(write) = x.buffer().last_write() else {
         return Ok(());
     };
     let done = match &write.event {
         _ if write.stream == stream => true,
         Some(event) => event.is_done(),
-        None => cuda_stream::is_idle(write.stream, ordinal)?,
+        None => true,
     };
     if done {
         Ok(())
@@ -243,7 +241,7 @@ fn add_cuda(
     for operand in [Some(a), b_array, Some(&out)].into_iter().flatten() {
         match capture {
             Capture::No => operand.order_before(stream)?,
-            Capture::Yes { .. } => check_captured_operand(operand, stream, ordinal)?,
+            Capture::Yes { .. } => check_captured_operand(operand, stream)?,
         }
     }
     let n = out.numel();
