@@ -49,6 +49,10 @@ pub(super) fn free(ptr: u64, kind: Kind, uses: Uses) {
         pooled: true,
     } = kind
     {
+        // The last reference may go on a thread that is capturing a graph (a Python variable
+        // reassigned inside `torch.cuda.graph`): the free's calls are on streams outside the
+        // capture, which its mode would refuse, invalidating it.
+        let _relaxed = stream::RelaxedCapture::new();
         if !uses.unknown && ordered_free(ptr, ordinal, &uses).is_ok() {
             return;
         }
@@ -63,10 +67,12 @@ fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
     context::bind(ordinal)?;
     let mut events: Vec<Arc<Event>> = Vec::new();
     let mut legacy = false;
+    // Even a write seen to be done is waited for: the free, and the pool's reuse, must follow
+    // the allocation and the write on the device, not only on the host's clock.
     match &uses.write {
-        Some((_, Some(event))) if !event.is_done() => events.push(event.clone()),
+        Some((_, Some(event))) => events.push(event.clone()),
         Some((s, None)) => legacy |= *s == LEGACY,
-        _ => {}
+        None => {}
     }
     for &s in &uses.streams {
         if s == LEGACY || s == PER_THREAD {
