@@ -6,7 +6,7 @@ median of 7 interleaved rounds, each round ended by a synchronize so that queued
 2. eight chained additions, y = y + x, on 2^20 float32 (cubridge arrays use `+`);
 3. zeros and empty of 2^10, 2^20 and 2^24 float32 on the GPU;
 4. host blocking: with 0.1 s of work queued on an unrelated torch side stream, how long each
-   call holds the calling thread (goal: under 1 ms).
+   call holds the calling thread (goal: under 1 ms); pinned and managed memory included.
 
     python benches/alloc.py [--out DIR]
 """
@@ -152,6 +152,16 @@ def host_blocking(results):
          in_stream(lambda: cb.add(t, u))),
         ("drop a new array", drop(lambda: torch.empty(n, device="cuda")),
          drop(lambda: cp.empty(n, dtype=cp.float32)), drop(lambda: cb.empty((n,), device="cuda"))),
+        ("empty(2^20) pinned", lambda: torch.empty(1 << 20, pin_memory=True),
+         lambda: cp.cuda.alloc_pinned_memory(4 << 20),
+         lambda: cb.empty((1 << 20,), device="cuda_host")),
+        ("drop a pinned array", drop(lambda: torch.empty(1 << 20, pin_memory=True)),
+         drop(lambda: cp.cuda.alloc_pinned_memory(4 << 20)),
+         drop(lambda: cb.empty((1 << 20,), device="cuda_host"))),
+        ("empty(2^20) managed", None, lambda: cp.cuda.malloc_managed(4 << 20),
+         lambda: cb.empty((1 << 20,), device="cuda_managed")),
+        ("drop a managed array", None, drop(lambda: cp.cuda.malloc_managed(4 << 20)),
+         drop(lambda: cb.empty((1 << 20,), device="cuda_managed"))),
         ("drop an exported array", drop(lambda: torch.utils.dlpack.to_dlpack(
             torch.empty(n, device="cuda"))), drop(lambda: cp.empty(n, dtype=cp.float32).toDlpack()),
          drop(lambda: torch.from_dlpack(cb.empty((n,), device="cuda")))),
@@ -172,6 +182,7 @@ def host_blocking(results):
             gc.collect()
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()
+            cp.get_default_pinned_memory_pool().free_all_blocks()
             cb.cuda.empty_cache()
             with torch.cuda.stream(side):
                 torch.cuda._sleep(cycles)

@@ -3,7 +3,7 @@
 //! alive). Both are the same type so every operation accepts either.
 
 use crate::cuda::memory::CudaAlloc;
-use crate::cuda::stream::Event;
+use crate::cuda::stream::{Event, Stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -48,7 +48,12 @@ impl Array {
     /// A new C-contiguous array with unspecified contents, whose CUDA device memory comes from the
     /// device's pool for work on `stream` (DLPack numbering): the allocation is recorded as that
     /// stream's pending write, so work on other streams is ordered after it.
-    pub fn empty_on(shape: &[usize], dtype: DType, device: Device, stream: usize) -> Result<Array> {
+    pub fn empty_on(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        stream: Stream,
+    ) -> Result<Array> {
         Self::allocate(shape, dtype, device, false, stream)
     }
 
@@ -75,7 +80,7 @@ impl Array {
         dtype: DType,
         device: Device,
         zeroed: bool,
-        stream: usize,
+        stream: Stream,
     ) -> Result<Array> {
         let layout = Layout::contiguous(shape)?;
         let bytes = checked_numel(shape)?
@@ -112,7 +117,7 @@ impl Array {
 
     /// Records that a consumer reads this array's memory on `stream`: freeing it waits for the
     /// work queued there at that time (see [`crate::cuda::free`]).
-    pub fn record_consumer(&self, stream: usize) {
+    pub fn record_consumer(&self, stream: Stream) {
         self.buffer.record_consumer(stream);
     }
 
@@ -146,7 +151,7 @@ impl Array {
     }
 
     /// The CUDA stream (DLPack numbering: 1 legacy default) that last wrote the array's memory.
-    pub fn stream(&self) -> usize {
+    pub fn stream(&self) -> Stream {
         self.buffer
             .last_write()
             .map_or(crate::cuda::stream::LEGACY, |w| w.stream)
@@ -154,7 +159,7 @@ impl Array {
 
     /// The same array, its memory recorded as written on `stream`, with `event` after that
     /// work. The record is kept with the memory, so every array over it sees it.
-    pub fn with_pending(&self, stream: usize, event: impl Into<Arc<Event>>) -> Array {
+    pub fn with_pending(&self, stream: Stream, event: impl Into<Arc<Event>>) -> Array {
         self.buffer.record_write(crate::storage::LastWrite {
             stream,
             event: Some(event.into()),
@@ -189,7 +194,7 @@ impl Array {
     }
 
     /// Makes `consumer` (a stream of this array's device) wait for the array's pending work.
-    pub fn order_before(&self, consumer: usize) -> Result<()> {
+    pub fn order_before(&self, consumer: Stream) -> Result<()> {
         match self.buffer.last_write() {
             // Work on the legacy default stream is ordered before everything queued on it later,
             // from any thread. (Other handles are not trusted that way: a destroyed stream's

@@ -108,7 +108,7 @@ const MAX_CONSUMER_STREAMS: usize = 32;
 #[derive(Default)]
 struct Consumers {
     /// Streams the consumers declared (DLPack numbering), each once.
-    streams: Vec<usize>,
+    streams: Vec<crate::cuda::stream::Stream>,
     /// A consumer whose stream cubridge does not know.
     unknown: bool,
 }
@@ -116,7 +116,7 @@ struct Consumers {
 /// See [`Buffer::last_write`].
 #[derive(Clone)]
 pub struct LastWrite {
-    pub stream: usize,
+    pub stream: crate::cuda::stream::Stream,
     /// An event after the write. `None` only for a write on the legacy default stream whose
     /// event nobody has needed yet: [`Buffer::write_event`] records one there when somebody
     /// does, which still follows the write, since that stream runs its work in order.
@@ -208,7 +208,7 @@ impl Buffer {
     /// Records that a consumer reads this memory on `stream` (DLPack numbering): the free waits
     /// for the work queued there when the memory is let go. Nothing to record for memory
     /// cubridge does not own (its producer frees it).
-    pub fn record_consumer(&self, stream: usize) {
+    pub fn record_consumer(&self, stream: crate::cuda::stream::Stream) {
         if !self.is_owned_cuda() {
             return;
         }

@@ -22,7 +22,7 @@
 //! default of `torch.cuda.graph`), and would invalidate that capture.
 
 use super::memory::{release_now, Kind};
-use super::stream::{self, Event, LEGACY, PER_THREAD};
+use super::stream::{self, Event, Stream, LEGACY};
 use super::{check, context};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -34,9 +34,9 @@ use std::time::Duration;
 pub struct Uses {
     /// The last write: its stream (DLPack numbering) and the event after it (`None` only on the
     /// legacy default stream, whose later work follows it anyway).
-    pub write: Option<(usize, Option<Arc<Event>>)>,
+    pub write: Option<(Stream, Option<Arc<Event>>)>,
     /// Streams that consumers declared they read on.
-    pub streams: Vec<usize>,
+    pub streams: Vec<Stream>,
     /// A consumer read on a stream cubridge does not know, or a captured graph used the memory:
     /// the free waits for the whole device, on the background thread.
     pub unknown: bool,
@@ -75,7 +75,7 @@ fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
         None => {}
     }
     for &s in &uses.streams {
-        if s == LEGACY || s == PER_THREAD {
+        if s.is_default() {
             legacy = true;
             continue;
         }
@@ -87,7 +87,7 @@ fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
     if events.is_empty() {
         // SAFETY: a pooled block of this device, freed only here; everything that used it is
         // before the legacy default stream's next work.
-        let r = unsafe { sys::cuMemFreeAsync(ptr, stream::handle(LEGACY)) };
+        let r = unsafe { sys::cuMemFreeAsync(ptr, LEGACY.handle()) };
         return check(r.result(), "freeing device memory");
     }
     let on = free_stream(ordinal)?;
@@ -98,13 +98,13 @@ fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
         event.wait(on)?;
     }
     // SAFETY: a pooled block, freed only here, on a stream ordered after every use.
-    let r = unsafe { sys::cuMemFreeAsync(ptr, stream::handle(on)) };
+    let r = unsafe { sys::cuMemFreeAsync(ptr, on.handle()) };
     check(r.result(), "freeing device memory")
 }
 
 /// cubridge's stream for frees on device `ordinal`, created on first use and kept.
-fn free_stream(ordinal: u32) -> Result<usize> {
-    static STREAMS: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+fn free_stream(ordinal: u32) -> Result<Stream> {
+    static STREAMS: Mutex<Vec<Option<Stream>>> = Mutex::new(Vec::new());
     let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
     let i = ordinal as usize;
     if streams.len() <= i {
@@ -147,10 +147,10 @@ fn queue() -> MutexGuard<'static, Queue> {
 
 /// Streams on which cubridge saw a capture begin; background waits hold off until each has
 /// ended. (A capture cubridge never takes part in is not known here.)
-static CAPTURING: Mutex<Vec<(u32, usize)>> = Mutex::new(Vec::new());
+static CAPTURING: Mutex<Vec<(u32, Stream)>> = Mutex::new(Vec::new());
 
 /// Notes that `stream` of device `ordinal` is capturing a graph.
-pub fn note_capture(ordinal: u32, stream: usize) {
+pub fn note_capture(ordinal: u32, stream: Stream) {
     let mut streams = CAPTURING.lock().unwrap_or_else(|p| p.into_inner());
     if !streams.contains(&(ordinal, stream)) {
         streams.push((ordinal, stream));
@@ -228,14 +228,14 @@ fn run(jobs: Vec<Job>) {
 /// Holds off while any stream cubridge knows to be capturing still is, including the consumer
 /// streams of the jobs (their frees were deferred for that).
 fn wait_for_captures(jobs: &[Job]) {
-    let mut streams: Vec<(u32, usize)> =
+    let mut streams: Vec<(u32, Stream)> =
         CAPTURING.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for job in jobs {
         if let Kind::Device { ordinal, .. } = job.kind {
             streams.extend(job.uses.streams.iter().map(|&s| (ordinal, s)));
         }
     }
-    streams.retain(|&(_, s)| s != LEGACY && s != PER_THREAD);
+    streams.retain(|&(_, s)| !s.is_default());
     for (ordinal, s) in streams {
         while stream::is_capturing(s, ordinal).unwrap_or(false) {
             std::thread::sleep(Duration::from_millis(1));

@@ -10,14 +10,17 @@
 //! support falls back to `cuMemAlloc` and a synchronous `cuMemFree` (on a background thread).
 
 use super::free::{self, Uses};
-use super::stream::LEGACY;
-use super::{check, context, stream};
+use super::stream::{Stream, LEGACY};
+use super::{check, context};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+
+/// The address of an empty allocation: aligned for any element, never dereferenced.
+const EMPTY_ADDRESS: usize = 64;
 
 /// What kind of CUDA memory an allocation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,7 +248,7 @@ impl CudaAlloc {
     /// Allocates `bytes` of device memory on `ordinal`, usable by work queued on `stream`
     /// (DLPack numbering) from now on, zeroed there if asked. Other streams must be ordered
     /// after `stream` first (the caller records the allocation as `stream`'s pending write).
-    pub fn device(bytes: usize, ordinal: u32, stream: usize, zeroed: bool) -> Result<CudaAlloc> {
+    pub fn device(bytes: usize, ordinal: u32, stream: Stream, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(ordinal)?;
         let mut kind = Kind::Device {
             ordinal,
@@ -256,7 +259,7 @@ impl CudaAlloc {
         }
         let device = Device::Cuda(ordinal);
         let pool = pool(ordinal)?;
-        let handle = stream::handle(stream);
+        let handle = stream.handle();
         let ptr = with_retries(ordinal, || match pool {
             // SAFETY: a live pool of this device; `handle` is a live stream of the current
             // context (the caller's); the result is checked.
@@ -363,7 +366,7 @@ impl CudaAlloc {
     /// aligned address that is never dereferenced.
     pub fn as_ptr(&self) -> *mut u8 {
         if self.ptr == 0 {
-            crate::storage::HOST_ALIGN as *mut u8
+            EMPTY_ADDRESS as *mut u8
         } else {
             self.ptr as *mut u8
         }
@@ -404,13 +407,13 @@ pub unsafe fn copy_sync(
     src: *const u8,
     bytes: usize,
     ordinal: u32,
-    stream: usize,
+    stream: Stream,
 ) -> Result<()> {
     // SAFETY: the caller's contract.
     unsafe { copy_async(dst, src, bytes, ordinal, stream)? };
     check(
         // SAFETY: a live stream of the context `copy_async` bound.
-        unsafe { result::stream::synchronize(stream::handle(stream)) },
+        unsafe { result::stream::synchronize(stream.handle()) },
         "waiting for a copy",
     )
 }
@@ -425,7 +428,7 @@ pub unsafe fn copy_async(
     src: *const u8,
     bytes: usize,
     ordinal: u32,
-    stream: usize,
+    stream: Stream,
 ) -> Result<()> {
     context::bind(ordinal)?;
     if bytes == 0 {
@@ -433,9 +436,7 @@ pub unsafe fn copy_async(
     }
     // SAFETY: the caller's contract; a context is current.
     check(
-        unsafe {
-            sys::cuMemcpyAsync(dst as u64, src as u64, bytes, stream::handle(stream)).result()
-        },
+        unsafe { sys::cuMemcpyAsync(dst as u64, src as u64, bytes, stream.handle()).result() },
         "copying memory",
     )
 }
@@ -453,11 +454,11 @@ pub unsafe fn fill_async(
     n: usize,
     value: &[u8],
     ordinal: u32,
-    stream: usize,
+    stream: Stream,
 ) -> Result<()> {
     context::bind(ordinal)?;
     let itemsize = value.len();
-    let (dst, h) = (dst as u64, stream::handle(stream));
+    let (dst, h) = (dst as u64, stream.handle());
     let word = |i: usize| u32::from_ne_bytes([value[i], value[i + 1], value[i + 2], value[i + 3]]);
     let words: Vec<u32> = (0..itemsize / 4).map(|k| word(4 * k)).collect();
     // SAFETY: the caller's contract; every memset below stays inside n * itemsize bytes.
@@ -531,9 +532,7 @@ pub(super) unsafe fn release_now(ptr: u64, kind: Kind) {
     // SAFETY: the caller's contract; errors (a context already torn down) are ignored.
     let _ = unsafe {
         match kind {
-            Kind::Device { pooled: true, .. } => {
-                sys::cuMemFreeAsync(ptr, stream::handle(LEGACY)).result()
-            }
+            Kind::Device { pooled: true, .. } => sys::cuMemFreeAsync(ptr, LEGACY.handle()).result(),
             Kind::Device { pooled: false, .. } | Kind::Managed => result::free_sync(ptr),
             Kind::Pinned => result::free_host(ptr as *mut c_void),
         }

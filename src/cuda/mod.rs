@@ -47,12 +47,16 @@ pub fn is_available() -> bool {
     probe().is_none()
 }
 
-/// Number of CUDA devices (0 without a driver).
+/// Number of CUDA devices (0 without a driver). Counted once: the driver fixes it at
+/// initialisation (`CUDA_VISIBLE_DEVICES` is read then), and every allocation asks.
 pub fn device_count() -> usize {
-    if !is_available() {
-        return 0;
-    }
-    cudarc::driver::result::device::get_count().map_or(0, |n| n.max(0) as usize)
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        if !is_available() {
+            return 0;
+        }
+        cudarc::driver::result::device::get_count().map_or(0, |n| n.max(0) as usize)
+    })
 }
 
 /// Fails with [`Error::CudaUnavailable`] unless CUDA is usable, and checks `device`'s ordinal.

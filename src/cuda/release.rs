@@ -22,8 +22,7 @@
 //! queued and drops it while the interpreter can still run the producers' deleters, and stops
 //! the thread from releasing anything after that.
 
-use super::stream::{Event, LEGACY};
-use crate::storage::Buffer;
+use super::stream::{Event, Stream, LEGACY};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
 use std::thread::ThreadId;
 use std::time::Duration;
@@ -35,13 +34,17 @@ pub const POLL: Duration = Duration::from_millis(1);
 /// it; while it polls, a push costs no system call).
 const IDLE_AFTER: u32 = 50;
 
+/// What keeps a buffer's memory valid (the core's reference-counted buffers; this backend needs
+/// to know only that dropping it may release the memory).
+pub type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
+
 /// Buffers that a queued kernel uses, with the event recorded after it (`None` on the legacy
 /// default stream until the releaser records one).
 struct Pending {
     event: Option<Arc<Event>>,
-    _buffers: Vec<Arc<Buffer>>,
+    _buffers: Vec<KeepAlive>,
     /// Entries of one thread on one stream finish in the order pushed.
-    group: (ThreadId, u32, usize),
+    group: (ThreadId, u32, Stream),
     /// No event could be recorded for it because its context is unusable.
     context_lost: bool,
 }
@@ -82,8 +85,8 @@ fn queue() -> MutexGuard<'static, Queue> {
 /// drops the buffers of earlier kernels that the releaser found finished.
 pub fn keep_alive_until(
     event: Option<Arc<Event>>,
-    buffers: Vec<Arc<Buffer>>,
-    stream: usize,
+    buffers: Vec<KeepAlive>,
+    stream: Stream,
     ordinal: u32,
 ) {
     static START: Once = Once::new();
@@ -245,7 +248,7 @@ fn has_run(entry: &Pending) -> bool {
 
 /// Takes the entries whose events have happened out of `entries` (which keeps push order).
 fn finished(entries: &mut Vec<Pending>) -> Vec<Pending> {
-    type Group = (ThreadId, u32, usize);
+    type Group = (ThreadId, u32, Stream);
     // Whether each group's newest entry is done, which makes all of the group done.
     let mut newest: Vec<(Group, bool)> = Vec::new();
     for entry in entries.iter().rev() {

@@ -1,39 +1,70 @@
-//! Streams, as the DLPack protocol numbers them: 1 is the legacy default stream, 2 the
-//! per-thread default stream, any other value a `CUstream` handle. (The driver accepts 1 and 2 as
-//! `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.) Ordering two streams never blocks the host:
-//! an event recorded on the producer is waited on by the consumer.
+//! Streams: [`Stream`] names a CUDA stream of the current device's context as the DLPack
+//! protocol does (1 the legacy default stream, 2 the per-thread default stream, any other value a
+//! `CUstream` handle; the driver accepts 1 and 2 as `CU_STREAM_LEGACY` and
+//! `CU_STREAM_PER_THREAD`). Ordering two streams never blocks the host: an event recorded on the
+//! producer is waited on by the consumer.
 
 use super::{check, context};
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys};
 
+/// A CUDA stream: the legacy default stream, the per-thread default stream, or a `CUstream`
+/// handle. The default streams are the calling thread's view of its current context's; a handle
+/// is valid only while its owner keeps the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Stream(usize);
+
 /// The legacy default stream.
-pub const LEGACY: usize = 1;
+pub const LEGACY: Stream = Stream(1);
 /// The per-thread default stream.
-pub const PER_THREAD: usize = 2;
+pub const PER_THREAD: Stream = Stream(2);
 
-/// The driver handle for a DLPack-numbered stream.
-pub fn handle(stream: usize) -> sys::CUstream {
-    stream as sys::CUstream
-}
-
-/// Validates a user-given stream number: 0 is ambiguous in DLPack and refused.
-pub fn from_user(value: i128) -> Result<usize> {
-    match value {
-        0 => Err(Error::invalid(
-            "stream 0 is ambiguous; use 1 for the legacy default stream or 2 for the \
-             per-thread default stream",
-        )),
-        v if v < 0 || v > usize::MAX as i128 => {
-            Err(Error::invalid(format!("{v} is not a CUDA stream")))
+impl Stream {
+    /// A stream numbered as DLPack numbers them (`__dlpack__(stream=)`, CAI v3 `stream`,
+    /// `add(stream=)` ints): 0 is ambiguous and refused, negative values are not streams.
+    pub fn from_dlpack(value: i128) -> Result<Stream> {
+        match value {
+            0 => Err(Error::invalid(
+                "stream 0 is ambiguous; use 1 for the legacy default stream or 2 for the \
+                 per-thread default stream",
+            )),
+            v if v < 0 || v > usize::MAX as i128 => {
+                Err(Error::invalid(format!("{v} is not a CUDA stream")))
+            }
+            v => Ok(Stream(v as usize)),
         }
-        v => Ok(v as usize),
+    }
+
+    /// A stream from a driver handle as libraries report it, where NULL is the legacy default
+    /// stream (a stream object's `ptr`, the DLPack exchange table's work stream).
+    pub fn from_handle(handle: usize) -> Stream {
+        if handle == 0 {
+            LEGACY
+        } else {
+            Stream(handle)
+        }
+    }
+
+    /// The driver handle.
+    pub fn handle(self) -> sys::CUstream {
+        self.0 as sys::CUstream
+    }
+
+    /// The DLPack number (what a producer's `__dlpack__(stream=)` takes).
+    pub fn dlpack(self) -> usize {
+        self.0
+    }
+
+    /// The legacy or the per-thread default stream: never destroyed, and ordered with every
+    /// blocking stream by the legacy one.
+    pub fn is_default(self) -> bool {
+        self == LEGACY || self == PER_THREAD
     }
 }
 
 /// Makes `consumer` wait for the work queued so far on `producer` (both on device `ordinal`),
 /// without blocking the host. Nothing to do when they are the same stream.
-pub fn order(consumer: usize, producer: usize, ordinal: u32) -> Result<()> {
+pub fn order(consumer: Stream, producer: Stream, ordinal: u32) -> Result<()> {
     if consumer == producer {
         return Ok(());
     }
@@ -67,7 +98,7 @@ fn spare_event(ordinal: u32) -> Option<usize> {
 
 impl Event {
     /// Records an event after the work queued so far on `stream`.
-    pub fn record(stream: usize, ordinal: u32) -> Result<Event> {
+    pub fn record(stream: Stream, ordinal: u32) -> Result<Event> {
         context::bind(ordinal)?;
         let raw = match spare_event(ordinal) {
             Some(raw) => raw as sys::CUevent,
@@ -81,19 +112,19 @@ impl Event {
             ordinal,
         };
         // SAFETY: a live event of this context; `stream` is live (the caller is using it now).
-        let recorded = unsafe { result::event::record(raw, handle(stream)) };
+        let recorded = unsafe { result::event::record(raw, stream.handle()) };
         check(recorded, "recording an event")?;
         Ok(event)
     }
 
     /// Makes `consumer` wait for this event without blocking the host.
-    pub fn wait(&self, consumer: usize) -> Result<()> {
+    pub fn wait(&self, consumer: Stream) -> Result<()> {
         context::bind(self.ordinal)?;
         // SAFETY: a live event of this context; `consumer` is live (the caller's).
         check(
             unsafe {
                 result::stream::wait_event(
-                    handle(consumer),
+                    consumer.handle(),
                     self.raw as sys::CUevent,
                     sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                 )
@@ -138,36 +169,36 @@ impl Drop for Event {
 }
 
 /// Blocks the host until `stream`'s queued work is done.
-pub fn synchronize(stream: usize, ordinal: u32) -> Result<()> {
+pub fn synchronize(stream: Stream, ordinal: u32) -> Result<()> {
     context::bind(ordinal)?;
     // SAFETY: a live stream handle of the current context.
     check(
-        unsafe { result::stream::synchronize(handle(stream)) },
+        unsafe { result::stream::synchronize(stream.handle()) },
         "synchronizing a stream",
     )
 }
 
 /// A new non-blocking stream on `ordinal`, owned by the caller (see [`destroy`]).
-pub fn create(ordinal: u32) -> Result<usize> {
+pub fn create(ordinal: u32) -> Result<Stream> {
     context::bind(ordinal)?;
     let s = check(
         result::stream::create(result::stream::StreamKind::NonBlocking),
         "creating a stream",
     )?;
-    Ok(s as usize)
+    Ok(Stream(s as usize))
 }
 
 /// Destroys a stream made by [`create`].
-pub fn destroy(stream: usize, ordinal: u32) {
+pub fn destroy(stream: Stream, ordinal: u32) {
     if context::bind(ordinal).is_ok() {
         // SAFETY: a stream from `create`, destroyed once; queued work still completes.
-        let _ = unsafe { result::stream::destroy(handle(stream)) };
+        let _ = unsafe { result::stream::destroy(stream.handle()) };
     }
 }
 
 /// Whether `stream` of device `ordinal` is capturing a graph (an invalidated capture counts: it
 /// has not ended yet). The legacy default stream never captures.
-pub fn is_capturing(stream: usize, ordinal: u32) -> Result<bool> {
+pub fn is_capturing(stream: Stream, ordinal: u32) -> Result<bool> {
     if stream == LEGACY {
         return Ok(false);
     }
@@ -175,7 +206,7 @@ pub fn is_capturing(stream: usize, ordinal: u32) -> Result<bool> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: `stream` is a stream handle of the current context; the status is written to a
     // local of the right type.
-    let r = unsafe { sys::cuStreamIsCapturing(handle(stream), &mut status) };
+    let r = unsafe { sys::cuStreamIsCapturing(stream.handle(), &mut status) };
     check(r.result(), "asking whether a stream is capturing")?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
@@ -211,5 +242,28 @@ impl Drop for RelaxedCapture {
             // SAFETY: restores the mode this thread had, a valid one.
             let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_numbered_as_dlpack_numbers_them() {
+        assert_eq!(Stream::from_dlpack(1).unwrap(), LEGACY);
+        assert_eq!(Stream::from_dlpack(2).unwrap(), PER_THREAD);
+        assert_eq!(Stream::from_dlpack(0x7f00).unwrap().dlpack(), 0x7f00);
+        assert!(Stream::from_dlpack(0)
+            .unwrap_err()
+            .to_string()
+            .contains("ambiguous"));
+        assert!(Stream::from_dlpack(-1).is_err());
+        assert!(Stream::from_dlpack(i128::MAX).is_err());
+        // A library's NULL handle is the legacy default stream.
+        assert_eq!(Stream::from_handle(0), LEGACY);
+        assert_eq!(Stream::from_handle(0x7f00).handle() as usize, 0x7f00);
+        assert!(LEGACY.is_default() && PER_THREAD.is_default());
+        assert!(!Stream::from_handle(0x7f00).is_default());
     }
 }

@@ -4,6 +4,7 @@
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
+use crate::cuda::stream::Stream;
 use crate::cuda::{kernels, launch, stream as cuda_stream};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -19,7 +20,7 @@ use std::ffi::c_void;
 /// On CUDA the kernel runs on `stream` (DLPack numbering; the legacy default stream when
 /// `None`), after the pending work of every operand's recorded stream, and the result records
 /// that stream.
-pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<usize>) -> Result<Array> {
+pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) -> Result<Array> {
     let dtype = DType::promote(a.dtype(), b.dtype(), "add")?;
     // Equal shapes (the common case) need no broadcast and no new shape.
     let shape: Cow<'_, [usize]> = if a.shape() == b.shape() {
@@ -70,7 +71,7 @@ pub fn add_scalar(
     a: &Array,
     value: Scalar,
     out: Option<&Array>,
-    stream: Option<usize>,
+    stream: Option<Stream>,
 ) -> Result<Array> {
     let dtype = a.dtype();
     crate::ops::create::check_value_kind(value, dtype, "add")?;
@@ -108,7 +109,7 @@ enum Capture {
 }
 
 impl Capture {
-    fn of(device: Device, stream: usize) -> Result<Capture> {
+    fn of(device: Device, stream: Stream) -> Result<Capture> {
         match device {
             Device::Cuda(n) if cuda_stream::is_capturing(stream, n)? => {
                 crate::cuda::free::note_capture(n, stream);
@@ -128,7 +129,7 @@ fn new_result(
     shape: &[usize],
     dtype: DType,
     device: Device,
-    stream: usize,
+    stream: Stream,
     capture: &Capture,
 ) -> Result<Array> {
     match (capture, device) {
@@ -141,7 +142,7 @@ fn new_result(
 /// stream: a graph cannot wait for work outside it. A write on the legacy default stream counts
 /// as done: that stream may not even be queried during a capture, and `torch.cuda.graph`
 /// synchronizes the device as it begins.
-fn check_captured_operand(x: &Array, stream: usize) -> Result<()> {
+fn check_captured_operand(x: &Array, stream: Stream) -> Result<()> {
     let Some(write) = x.buffer().last_write() else {
         return Ok(());
     };
@@ -228,7 +229,7 @@ fn pairs_fit(plan: &Coalesced<3>, tile: i32, pointers: [*mut u8; 3]) -> bool {
 
 fn add_cuda(
     ordinal: u32,
-    stream: usize,
+    stream: Stream,
     a: &Array,
     b: Second<'_>,
     out: Array,
@@ -388,7 +389,7 @@ fn add_cuda(
             grid,
             block,
             shared,
-            cuda_stream::handle(stream),
+            stream.handle(),
             &mut params[..used],
         )?
     };
@@ -415,7 +416,7 @@ fn add_cuda(
         [Some(a), b_array, Some(&out)]
             .into_iter()
             .flatten()
-            .map(|x| x.buffer().clone())
+            .map(|x| x.buffer().clone() as crate::cuda::release::KeepAlive)
             .collect(),
         stream,
         ordinal,

@@ -106,7 +106,10 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
 fn keep_until_legacy_work_ran<const N: usize>(ordinal: u32, arrays: [&Array; N]) {
     crate::cuda::release::keep_alive_until(
         None,
-        arrays.iter().map(|a| a.buffer().clone()).collect(),
+        arrays
+            .iter()
+            .map(|a| a.buffer().clone() as crate::cuda::release::KeepAlive)
+            .collect(),
         stream::LEGACY,
         ordinal,
     );
@@ -159,7 +162,7 @@ fn gather(src: &Array) -> Result<Array> {
             kernels::grid(n, count.div_ceil(launch::BLOCK as usize), launch::BLOCK)?,
             (launch::BLOCK, 1),
             0,
-            stream::handle(stream::LEGACY),
+            stream::LEGACY.handle(),
             &mut params,
         )?
     };

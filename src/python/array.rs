@@ -51,7 +51,7 @@ impl DlpackExporter for Exporter<'_> {
         let consumer = match request.cuda_stream()? {
             CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => cs::LEGACY,
             CudaStreamRequest::PerThreadDefault => cs::PER_THREAD,
-            CudaStreamRequest::Pointer(p) => p,
+            CudaStreamRequest::Pointer(p) => cs::Stream::from_handle(p),
             CudaStreamRequest::NoSync => {
                 // The consumer orders its reads itself, on a stream it does not name.
                 self.0.record_unknown_consumer();
@@ -157,7 +157,7 @@ impl PyArray {
     /// The stream holding the array's pending CUDA work (1 is the legacy default stream).
     #[getter]
     fn stream(&self) -> usize {
-        self.inner.stream()
+        self.inner.stream().dlpack()
     }
 
     fn __dlpack_device__(&self) -> (u32, i32) {

@@ -50,7 +50,7 @@ pub fn export<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyDict
     // it: the stream the array was written on may since have been destroyed by its owner.
     if array.has_pending() {
         array.order_before(cs::LEGACY)?;
-        d.set_item("stream", cs::LEGACY)?;
+        d.set_item("stream", cs::LEGACY.dlpack())?;
     } else {
         d.set_item("stream", py.None())?;
     }
@@ -67,7 +67,7 @@ fn bad(msg: impl Into<String>) -> PyErr {
 
 /// A view of an object's CUDA array interface, ordered before `consumer` (with an event of its
 /// own when kept, see [`Use`]), or `None` when the object has none.
-pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Option<Array>> {
+pub fn import(obj: &Bound<'_, PyAny>, consumer: cs::Stream, use_: Use) -> PyResult<Option<Array>> {
     let py = obj.py();
     let cai = match obj.getattr("__cuda_array_interface__") {
         Ok(c) => c,
@@ -129,7 +129,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Op
             if v == 0 {
                 return Err(bad("stream 0 is disallowed by version 3 of the interface"));
             }
-            Some(cs::from_user(v)?)
+            Some(cs::Stream::from_dlpack(v)?)
         }
     };
     let device = if ptr != 0 {

@@ -168,7 +168,7 @@ fn operand(
     obj: &Bound<'_, PyAny>,
     exchanged: Option<Exchanged>,
     other: Option<&Array>,
-    consumer: usize,
+    consumer: crate::cuda::stream::Stream,
 ) -> PyResult<Array> {
     if let Some(e) = exchanged {
         return Ok(e.imported.array);
@@ -219,7 +219,7 @@ pub fn add(
         })
         .unwrap_or(LEGACY);
     // Producer streams that the kernel stream must wait for, by device.
-    let waits: Vec<(usize, crate::Device)> = [&ex_a, &ex_b, &ex_out]
+    let waits: Vec<(crate::cuda::stream::Stream, crate::Device)> = [&ex_a, &ex_b, &ex_out]
         .iter()
         .filter_map(|e| {
             let e = e.as_ref()?;

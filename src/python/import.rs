@@ -8,6 +8,7 @@ use super::stream::Consumer;
 use crate::array::Array;
 use crate::cpu::copy::fill;
 use crate::cpu::element::Scalar;
+use crate::cuda::stream::Stream;
 use crate::device::Device;
 use crate::dtype::{DType, Kind};
 use crate::error::Error;
@@ -51,7 +52,7 @@ fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
 /// array interface, or a buffer-protocol object. CUDA producers order their pending work before
 /// `consumer` (a DLPack-numbered stream); a view kept for later records an event there (see
 /// [`Use`]). Errors with TypeError for anything else.
-pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Imported> {
+pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     if let Ok(a) = obj.cast::<PyArray>() {
         return Ok(Imported {
             array: a.get().inner.clone(),
@@ -112,7 +113,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Im
 /// caller that runs work on another stream orders that stream after this one first.
 pub struct Exchanged {
     pub imported: Imported,
-    pub stream: Option<usize>,
+    pub stream: Option<Stream>,
 }
 
 /// `obj` through the C exchange table, when its type publishes one (PyTorch); `None` for
@@ -130,8 +131,7 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
     let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
     let array = from_managed(managed).ok()?;
     let stream = match array.device() {
-        Device::Cuda(_) if stream.is_null() => Some(crate::cuda::stream::LEGACY),
-        Device::Cuda(_) => Some(stream as usize),
+        Device::Cuda(_) => Some(Stream::from_handle(stream as usize)),
         _ => None,
     };
     Some(Exchanged {
@@ -144,7 +144,7 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
 /// CUDA producers (or, through the C exchange table, an event wait on the producer's work
 /// stream); a producer whose `__dlpack__` predates `max_version` (it raises TypeError) is asked
 /// again the legacy way.
-fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult<Imported> {
+fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     let py = obj.py();
     let consumer_stream = Consumer(consumer);
     let attempt = || -> PyResult<ImportedDlpack> {
@@ -185,7 +185,7 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: usize, use_: Use) -> PyResult
             let capsule = if on_cuda {
                 // cubridge numbers streams as DLPack does, so the number is the argument.
                 let kwargs = pyo3::types::PyDict::new(py);
-                kwargs.set_item("stream", consumer)?;
+                kwargs.set_item("stream", consumer.dlpack())?;
                 obj.call_method("__dlpack__", (), Some(&kwargs))
             } else {
                 obj.call_method0("__dlpack__")

@@ -2,7 +2,7 @@
 //! `cupy.cuda.Stream`, `__cuda_stream__` objects, `cubridge.cuda.Stream`) and handing cubridge's
 //! consumer stream to DLPack producers.
 
-use crate::cuda::stream::{self as cs, LEGACY, PER_THREAD};
+use crate::cuda::stream::{self as cs, Stream, LEGACY, PER_THREAD};
 use crate::error::Error;
 use dlpark::ffi::{DLDevice, DLDeviceType};
 use dlpark::python::consumer::stream as dlstream;
@@ -11,20 +11,20 @@ use pyo3::prelude::*;
 use std::ffi::c_void;
 
 /// A stream handle as a stream object reports it: 0 (the NULL stream) is the legacy default.
-fn object_handle(value: i128) -> PyResult<usize> {
+fn object_handle(value: i128) -> PyResult<Stream> {
     if value == 0 {
         return Ok(LEGACY);
     }
-    Ok(cs::from_user(value)?)
+    Ok(Stream::from_dlpack(value)?)
 }
 
 /// Reads a `stream=` argument into DLPack numbering; `None` when absent.
-pub fn parse(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+pub fn parse(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stream>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
     if let Ok(v) = obj.extract::<i128>() {
-        return Ok(Some(cs::from_user(v)?));
+        return Ok(Some(Stream::from_dlpack(v)?));
     }
     if let Ok(proto) = obj.getattr("__cuda_stream__") {
         let value = if proto.is_callable() {
@@ -53,7 +53,7 @@ pub fn parse(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
 }
 
 /// cubridge's stream as a DLPack consumer: producers order their pending work before it.
-pub struct Consumer(pub usize);
+pub struct Consumer(pub Stream);
 
 // SAFETY: as_python_arg encodes a live stream of the device the producer names, and
 // wait_for_producer orders the consumer after the producer's stream before returning true.
@@ -64,8 +64,8 @@ unsafe impl DlpackStream for Consumer {
         }
         let raw = match self.0 {
             LEGACY => std::ptr::null_mut(),
-            PER_THREAD => PER_THREAD as *mut c_void,
-            s => s as *mut c_void,
+            PER_THREAD => PER_THREAD.handle().cast(),
+            s => s.handle().cast(),
         };
         Ok(dlstream::cuda(raw))
     }
@@ -74,11 +74,7 @@ unsafe impl DlpackStream for Consumer {
         if device.device_type != DLDeviceType::CUDA {
             return Ok(true);
         }
-        let producer = if producer.is_null() {
-            LEGACY
-        } else {
-            producer as usize
-        };
+        let producer = Stream::from_handle(producer as usize);
         cs::order(self.0, producer, device.device_id as u32)?;
         Ok(true)
     }
@@ -87,7 +83,7 @@ unsafe impl DlpackStream for Consumer {
 /// A CUDA stream owned by cubridge (`cubridge.cuda.Stream`).
 #[pyclass(name = "Stream", module = "cubridge.cuda", frozen)]
 pub struct PyStream {
-    handle: usize,
+    handle: Stream,
     ordinal: u32,
 }
 
@@ -121,7 +117,7 @@ impl PyStream {
     /// The `CUstream` handle.
     #[getter]
     fn ptr(&self) -> usize {
-        self.handle
+        self.handle.dlpack()
     }
 
     /// The device ordinal.
@@ -138,13 +134,14 @@ impl PyStream {
 
     /// The CUDA stream protocol: `(version, handle)`.
     fn __cuda_stream__(&self) -> (u32, usize) {
-        (0, self.handle)
+        (0, self.handle.dlpack())
     }
 
     fn __repr__(&self) -> String {
         format!(
             "cubridge.cuda.Stream(device={}, ptr={:#x})",
-            self.ordinal, self.handle
+            self.ordinal,
+            self.handle.dlpack()
         )
     }
 }
