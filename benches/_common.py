@@ -34,6 +34,31 @@ def versions():
     return info
 
 
+def interleaved(fns, calls, rounds=7, warmup=200):
+    """Median wall time per call of each function in `fns` (a dict), with the rounds of all of
+    them interleaved, so that the machine's drift over a run (about 30% here) falls on each
+    alike rather than on whichever was measured last. Each round ends with a device
+    synchronize, so the GPU work the calls queued counts."""
+    import statistics
+    import time
+
+    import torch
+
+    for fn in fns.values():
+        for _ in range(min(calls, warmup)):
+            fn()
+    torch.cuda.synchronize()
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[k].append((time.perf_counter() - t0) / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def header(info):
     return "\n".join(f"{k}: {v}" for k, v in info.items())
 

@@ -14,31 +14,12 @@ median of 7 interleaved rounds, each round ended by a synchronize so that queued
 import argparse
 import gc
 import os
-import statistics
 import time
 
+import cubridge as cb
 import cupy as cp
 import torch
-
-import cubridge as cb
-from _common import header, save_json, versions
-
-
-def interleaved(fns, calls, rounds=7):
-    """Median wall time per call of each function, the rounds of all of them interleaved."""
-    for fn in fns.values():
-        for _ in range(min(calls, 200)):
-            fn()
-    torch.cuda.synchronize()
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            times[k].append((time.perf_counter() - t0) / calls)
-    return {k: statistics.median(v) for k, v in times.items()}
+from _common import header, interleaved, save_json, versions
 
 
 def calls_for(n):
@@ -56,10 +37,11 @@ def allocating_add(results):
         a = torch.randn(n, device="cuda").to(getattr(torch, dtype))
         b = torch.randn(n, device="cuda").to(getattr(torch, dtype))
         torch.testing.assert_close(torch.from_dlpack(cb.add(a, b)), a + b)
-        fns = {"torch": lambda: torch.add(a, b), "cubridge": lambda: cb.add(a, b)}
+        fns = {"torch": lambda a=a, b=b: torch.add(a, b),
+               "cubridge": lambda a=a, b=b: cb.add(a, b)}
         if dtype != "bfloat16":
             ca, cb_ = cp.from_dlpack(a), cp.from_dlpack(b)
-            fns["cupy"] = lambda: cp.add(ca, cb_)
+            fns["cupy"] = lambda ca=ca, cb_=cb_: cp.add(ca, cb_)
         t = interleaved(fns, calls_for(n))
         row = {"dtype": dtype, "n": n, **t, "vs_torch": t["cubridge"] / t["torch"]}
         if "cupy" in t:
@@ -104,10 +86,11 @@ def creation(results):
     for name in ("zeros", "empty"):
         for k in (10, 20, 24):
             n = 1 << k
+            f_torch, f_cupy, f_cb = (getattr(m, name) for m in (torch, cp, cb))
             fns = {
-                "torch": lambda: getattr(torch, name)(n, device="cuda"),
-                "cupy": lambda: getattr(cp, name)(n, dtype=cp.float32),
-                "cubridge": lambda: getattr(cb, name)((n,), device="cuda"),
+                "torch": lambda f=f_torch, n=n: f(n, device="cuda"),
+                "cupy": lambda f=f_cupy, n=n: f(n, dtype=cp.float32),
+                "cubridge": lambda f=f_cb, n=n: f((n,), device="cuda"),
             }
             t = interleaved(fns, calls_for(n))
             row = {"call": name, "n": n, **t, "vs_torch": t["cubridge"] / t["torch"],

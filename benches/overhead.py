@@ -15,34 +15,12 @@ the rounds of the functions compared interleaved):
 import argparse
 import ctypes
 import os
-import statistics
-import time
 
+import cubridge as cb
 import cupy as cp
 import torch
 import torch.utils.dlpack
-
-import cubridge as cb
-from _common import header, plot, save_json, versions
-
-
-def interleaved(fns, calls, rounds=7):
-    """Median wall time per call of each function in `fns` (a dict), with the rounds of all of
-    them interleaved, so that the machine's drift over a run (about 30% here) falls on each
-    alike rather than on whichever was measured last."""
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    torch.cuda.synchronize()
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            times[k].append((time.perf_counter() - t0) / calls)
-    return {k: statistics.median(v) for k, v in times.items()}
+from _common import header, interleaved, plot, save_json, versions
 
 
 def per_call(fn, calls):

@@ -8,11 +8,10 @@ import os
 import threading
 import time
 
+import cubridge as cb
 import numpy as np
 import pytest
 from conftest import _try_import, torch
-
-import cubridge as cb
 
 cupy = _try_import("cupy")
 

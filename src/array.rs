@@ -160,7 +160,7 @@ impl Array {
     /// The same array, its memory recorded as written on `stream`, with `event` after that
     /// work. The record is kept with the memory, so every array over it sees it.
     pub fn with_pending(&self, stream: Stream, event: impl Into<Arc<Event>>) -> Array {
-        self.buffer.record_write(crate::storage::LastWrite {
+        self.buffer.record_write(crate::cuda::stream::Write {
             stream,
             event: Some(event.into()),
         });
@@ -172,7 +172,7 @@ impl Array {
     /// stream (or the host) needs it, which saves an event per kernel whose result is read on
     /// that stream, as it mostly is.
     pub fn with_legacy_write(&self) -> Array {
-        self.buffer.record_write(crate::storage::LastWrite {
+        self.buffer.record_write(crate::cuda::stream::Write {
             stream: crate::cuda::stream::LEGACY,
             event: None,
         });

@@ -2,6 +2,7 @@
 //! borrowed) points into. A buffer is freed exactly once: when the last `Arc<Buffer>` (held by
 //! Python arrays, views and exported DLPack tensors alike) is dropped, on whatever thread.
 
+use crate::cuda::stream::Write;
 use crate::error::{Error, Result};
 use std::alloc::Layout as AllocLayout;
 use std::any::Any;
@@ -96,7 +97,7 @@ pub struct Buffer {
     /// The last CUDA work that wrote this memory: its stream (DLPack numbering) and an event
     /// after it. Kept with the memory, not with one array, so that every array over the buffer
     /// (the `out` a caller passed, views, clones) orders after a write through any of them.
-    last_write: std::sync::Mutex<Option<LastWrite>>,
+    last_write: std::sync::Mutex<Option<Write>>,
     /// Who else reads this memory, for its free to wait for (cubridge's own memory only).
     consumers: std::sync::Mutex<Consumers>,
 }
@@ -111,16 +112,6 @@ struct Consumers {
     streams: Vec<crate::cuda::stream::Stream>,
     /// A consumer whose stream cubridge does not know.
     unknown: bool,
-}
-
-/// See [`Buffer::last_write`].
-#[derive(Clone)]
-pub struct LastWrite {
-    pub stream: crate::cuda::stream::Stream,
-    /// An event after the write. `None` only for a write on the legacy default stream whose
-    /// event nobody has needed yet: [`Buffer::write_event`] records one there when somebody
-    /// does, which still follows the write, since that stream runs its work in order.
-    pub event: Option<std::sync::Arc<crate::cuda::stream::Event>>,
 }
 
 // SAFETY: the pointer is only an address; its owner is Send + Sync (both Owner variants are), and
@@ -165,7 +156,7 @@ impl Buffer {
     }
 
     /// The last CUDA write recorded on this memory, if any.
-    pub fn last_write(&self) -> Option<LastWrite> {
+    pub fn last_write(&self) -> Option<Write> {
         self.last_write
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -191,7 +182,7 @@ impl Buffer {
 
     /// Records a CUDA write on this memory (replacing the previous record: the new write was
     /// itself ordered after it, or was on the same memory by the caller's own choice).
-    pub fn record_write(&self, write: LastWrite) {
+    pub fn record_write(&self, write: Write) {
         *self.last_write.lock().unwrap_or_else(|p| p.into_inner()) = Some(write);
     }
 
@@ -249,7 +240,7 @@ impl Drop for Buffer {
             let consumers =
                 std::mem::take(self.consumers.get_mut().unwrap_or_else(|p| p.into_inner()));
             alloc.set_uses(crate::cuda::free::Uses {
-                write: write.map(|w| (w.stream, w.event)),
+                write,
                 streams: consumers.streams,
                 unknown: consumers.unknown,
             });

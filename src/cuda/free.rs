@@ -22,7 +22,7 @@
 //! default of `torch.cuda.graph`), and would invalidate that capture.
 
 use super::memory::{release_now, Kind};
-use super::stream::{self, Event, Stream, LEGACY};
+use super::stream::{self, Event, Stream, Write, LEGACY};
 use super::{check, context};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -32,9 +32,8 @@ use std::time::Duration;
 /// The uses a free must follow.
 #[derive(Default)]
 pub struct Uses {
-    /// The last write: its stream (DLPack numbering) and the event after it (`None` only on the
-    /// legacy default stream, whose later work follows it anyway).
-    pub write: Option<(Stream, Option<Arc<Event>>)>,
+    /// The last write.
+    pub write: Option<Write>,
     /// Streams that consumers declared they read on.
     pub streams: Vec<Stream>,
     /// A consumer read on a stream cubridge does not know, or a captured graph used the memory:
@@ -70,8 +69,13 @@ fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
     // Even a write seen to be done is waited for: the free, and the pool's reuse, must follow
     // the allocation and the write on the device, not only on the host's clock.
     match &uses.write {
-        Some((_, Some(event))) => events.push(event.clone()),
-        Some((s, None)) => legacy |= *s == LEGACY,
+        Some(Write {
+            event: Some(event), ..
+        }) => events.push(event.clone()),
+        Some(Write {
+            stream,
+            event: None,
+        }) => legacy |= *stream == LEGACY,
         None => {}
     }
     for &s in &uses.streams {

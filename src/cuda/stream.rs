@@ -14,6 +14,18 @@ use cudarc::driver::{result, sys};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Stream(usize);
 
+/// A write of CUDA memory: the stream it was queued on and an event after it. Consumers wait on
+/// the event, never on the stream, whose owner may destroy it at any time.
+#[derive(Clone)]
+pub struct Write {
+    /// The stream of the write.
+    pub stream: Stream,
+    /// An event after the write. `None` only for a write on the legacy default stream whose
+    /// event nobody has needed yet: one recorded there later still follows the write, since
+    /// that stream runs its work in order.
+    pub event: Option<std::sync::Arc<Event>>,
+}
+
 /// The legacy default stream.
 pub const LEGACY: Stream = Stream(1);
 /// The per-thread default stream.
