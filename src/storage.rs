@@ -2,11 +2,12 @@
 //! borrowed) points into. A buffer is freed exactly once: when the last `Arc<Buffer>` (held by
 //! Python arrays, views and exported DLPack tensors alike) is dropped, on whatever thread.
 
-use crate::cuda::stream::Write;
+use crate::cuda::stream::{Event, Write};
 use crate::error::{Error, Result};
 use std::alloc::Layout as AllocLayout;
 use std::any::Any;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// Alignment of host allocations: a cache line, and enough for any SIMD load.
 pub const HOST_ALIGN: usize = 64;
@@ -112,6 +113,9 @@ struct Consumers {
     streams: Vec<crate::cuda::stream::Stream>,
     /// A consumer whose stream cubridge does not know.
     unknown: bool,
+    /// cubridge's own kernels that used the memory: one per stream, the newest (a later event
+    /// on a stream follows the earlier work there).
+    kernels: Vec<Write>,
 }
 
 // SAFETY: the pointer is only an address; its owner is Send + Sync (both Owner variants are), and
@@ -216,6 +220,27 @@ impl Buffer {
         consumers.streams.push(stream);
     }
 
+    /// Whether this memory's free is queued in stream order after its recorded uses (a pooled
+    /// device block of cubridge's), so that a kernel using it need not hold it alive.
+    pub fn frees_in_stream_order(&self) -> bool {
+        matches!(&self.owner, Owner::Storage(Storage::Cuda(alloc))
+            if matches!(alloc.kind(), crate::cuda::memory::Kind::Device { pooled: true, .. }))
+    }
+
+    /// Records that a kernel of cubridge's uses this memory on `stream`, with `event` after it
+    /// (`None` on the legacy default stream): the free follows it on the device.
+    pub fn record_kernel(&self, stream: crate::cuda::stream::Stream, event: Option<Arc<Event>>) {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        let consumers = &mut *consumers;
+        if let Some(known) = consumers.kernels.iter_mut().find(|k| k.stream == stream) {
+            known.event = event;
+        } else if consumers.kernels.len() < MAX_CONSUMER_STREAMS {
+            consumers.kernels.push(Write { stream, event });
+        } else {
+            consumers.unknown = true;
+        }
+    }
+
     /// Records a consumer whose stream is unknown (the CUDA array interface, `stream=-1`, the
     /// DLPack C exchange table) or a use by a captured graph: the free then waits for the device.
     pub fn record_unknown_consumer(&self) {
@@ -241,6 +266,7 @@ impl Drop for Buffer {
                 std::mem::take(self.consumers.get_mut().unwrap_or_else(|p| p.into_inner()));
             alloc.set_uses(crate::cuda::free::Uses {
                 write,
+                kernels: consumers.kernels,
                 streams: consumers.streams,
                 unknown: consumers.unknown,
             });

@@ -1,11 +1,12 @@
 //! Freeing CUDA memory without ever waiting on the host.
 //!
-//! A pooled device block is freed with `cuMemFreeAsync`, ordered after everything that may still
-//! use it: the last write recorded on its buffer and the work queued, at the moment it is let
-//! go, on every stream a consumer declared (`__dlpack__(stream=s)`,
-//! `cubridge.cuda.record_stream`). cubridge's own kernels keep the buffers they use alive until
-//! they have run (see [`super::release`]), so by the time a block is freed they are done. The
-//! free goes on the legacy default stream when that stream covers every use (it runs in order,
+//! A pooled device block is freed with `cuMemFreeAsync`, ordered on the device after everything
+//! that may still use it: the last write recorded on its buffer, every kernel of cubridge's that
+//! used it (each records its stream and the event after it, the newest per stream), and the work
+//! queued, at the moment it is let go, on every stream a consumer declared
+//! (`__dlpack__(stream=s)`, `cubridge.cuda.record_stream`). So a result dropped while its kernel
+//! is still queued goes back to the pool at once, and the next allocation of that stream reuses
+//! it (still in L2) without any wait. The free goes on the legacy default stream when that stream covers every use (it runs in order,
 //! and waits for every blocking stream, the per-thread default streams among them); otherwise on
 //! a per-device stream of cubridge's that waits on an event of each use, so that no stream of the
 //! caller's is made to wait for another's work.
@@ -34,6 +35,8 @@ use std::time::Duration;
 pub struct Uses {
     /// The last write.
     pub write: Option<Write>,
+    /// cubridge's kernels that used the memory, the newest per stream.
+    pub kernels: Vec<Write>,
     /// Streams that consumers declared they read on.
     pub streams: Vec<Stream>,
     /// A consumer read on a stream cubridge does not know, or a captured graph used the memory:
@@ -68,15 +71,11 @@ fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
     let mut legacy = false;
     // Even a write seen to be done is waited for: the free, and the pool's reuse, must follow
     // the allocation and the write on the device, not only on the host's clock.
-    match &uses.write {
-        Some(Write {
-            event: Some(event), ..
-        }) => events.push(event.clone()),
-        Some(Write {
-            stream,
-            event: None,
-        }) => legacy |= *stream == LEGACY,
-        None => {}
+    for write in uses.write.iter().chain(&uses.kernels) {
+        match &write.event {
+            Some(event) => events.push(event.clone()),
+            None => legacy |= write.stream == LEGACY,
+        }
     }
     for &s in &uses.streams {
         if s.is_default() {

@@ -1,4 +1,7 @@
-//! Keeping the buffers of queued kernels alive until the kernels have run, off the caller's path.
+//! Keeping the foreign buffers of queued kernels alive until the kernels have run, off the
+//! caller's path. (cubridge's own pooled memory needs no holding: its free is queued on the
+//! device after the kernels that used it, see [`super::free`]; pinned and managed memory is
+//! held here like foreign memory.)
 //!
 //! A kernel that cubridge queues reads and writes memory that other libraries may free as soon as
 //! their last reference goes (a torch tensor's caching allocator hands the block to the next

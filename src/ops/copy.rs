@@ -102,17 +102,20 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
 }
 
 /// Keeps the buffers of `arrays` alive until the work queued so far on device `ordinal`'s legacy
-/// default stream has run.
+/// default stream has run: cubridge's pooled memory by ordering its free after that work,
+/// anything else by holding it.
 fn keep_until_legacy_work_ran<const N: usize>(ordinal: u32, arrays: [&Array; N]) {
-    crate::cuda::release::keep_alive_until(
-        None,
-        arrays
-            .iter()
-            .map(|a| a.buffer().clone() as crate::cuda::release::KeepAlive)
-            .collect(),
-        stream::LEGACY,
-        ordinal,
-    );
+    let mut held: Vec<crate::cuda::release::KeepAlive> = Vec::new();
+    for a in arrays {
+        if a.buffer().frees_in_stream_order() {
+            a.buffer().record_kernel(stream::LEGACY, None);
+        } else {
+            held.push(a.buffer().clone());
+        }
+    }
+    if !held.is_empty() {
+        crate::cuda::release::keep_alive_until(None, held, stream::LEGACY, ordinal);
+    }
 }
 
 fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
