@@ -399,8 +399,12 @@ def test_python_scalar_errors_on_the_device():
         cb.add(torch.zeros(4, dtype=torch.bool, device="cuda"), 1)
     with pytest.raises(ValueError, match="shape"):
         cb.add(i, 1, out=torch.zeros(5, dtype=torch.int32, device="cuda"))
-    with pytest.raises(ValueError, match="64 bits"):
+    with pytest.raises(OverflowError, match="out of bounds for int32"):
         cb.add(i, 1 << 70)
+    with pytest.raises(OverflowError, match="out of bounds for int32"):
+        cb.add(i, 2**31)
+    with pytest.raises(OverflowError, match="out of bounds for uint8"):
+        cb.add(torch.zeros(4, dtype=torch.uint8, device="cuda"), -1)
 
 
 def test_tiled_add_with_promotion():

@@ -311,6 +311,7 @@ impl Array {
             .and_then(|b| usize::try_from(b).ok())
             .ok_or_else(outside)?;
         let layout = Layout::new(shape.to_vec(), strides.to_vec(), byte_offset)?;
+        layout.checked_nbytes(self.dtype.itemsize())?;
         let own = self.layout.byte_extent(self.dtype.itemsize())?;
         match (layout.byte_extent(self.dtype.itemsize())?, own) {
             (Some((start, end)), Some((lo, hi))) if start >= lo && end <= hi => {}

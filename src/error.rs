@@ -35,6 +35,9 @@ pub enum Error {
     },
     /// Any other invalid argument or descriptor field, with a message naming the value.
     Invalid(String),
+    /// A value outside the range of the type it must be stored as (maps to `OverflowError`, as
+    /// numpy 2 and Python do).
+    Overflow(String),
     /// A write into memory that its producer marked read-only.
     ReadOnly(String),
     /// A DLPack export request that the producer refuses (maps to `BufferError`).
@@ -93,9 +96,10 @@ impl fmt::Display for Error {
                 shape_str(left),
                 shape_str(right)
             ),
-            Error::Invalid(message) | Error::ReadOnly(message) | Error::Export(message) => {
-                f.write_str(message)
-            }
+            Error::Invalid(message)
+            | Error::Overflow(message)
+            | Error::ReadOnly(message)
+            | Error::Export(message) => f.write_str(message),
             Error::OutOfMemory { bytes, device } => {
                 write!(f, "could not allocate {bytes} bytes on {device}")
             }

@@ -27,6 +27,16 @@ pub fn c_strides(shape: &[usize]) -> Vec<isize> {
     strides
 }
 
+/// Refuses more dimensions than DLPack consumers and cubridge's kernels take.
+pub fn check_ndim(ndim: usize) -> Result<()> {
+    if ndim > MAX_NDIM {
+        return Err(Error::invalid(format!(
+            "{ndim} dimensions is more than the {MAX_NDIM} cubridge supports"
+        )));
+    }
+    Ok(())
+}
+
 /// Number of elements of `shape`, or an error if it overflows.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
     shape
@@ -73,6 +83,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 impl Layout {
     /// A C-contiguous layout for `shape` starting at byte 0.
     pub fn contiguous(shape: &[usize]) -> Result<Layout> {
+        check_ndim(shape.len())?;
         checked_numel(shape)?;
         Ok(Layout {
             shape: shape.to_vec(),
@@ -233,15 +244,52 @@ impl Layout {
         Ok(Some((start, end)))
     }
 
-    /// Whether two distinct elements share memory through a zero stride. (Other self-overlap,
-    /// which needs crafted strides, is not looked for.)
-    pub fn has_zero_stride_overlap(&self) -> bool {
-        self.numel() > 1
-            && self
-                .shape
-                .iter()
-                .zip(&self.strides)
-                .any(|(&d, &s)| d > 1 && s == 0)
+    /// Bytes that `numel` elements of `itemsize` take, refused when the count does not fit the
+    /// address space (a view with zero or repeated strides can name more elements than memory
+    /// holds, and every size derived from it would wrap).
+    pub fn checked_nbytes(&self, itemsize: usize) -> Result<usize> {
+        self.numel()
+            .checked_mul(itemsize)
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "shape {:?} of {itemsize}-byte elements needs more bytes than the address \
+                     space has",
+                    self.shape
+                ))
+            })
+    }
+
+    /// Whether two distinct elements may share memory. Exact for zero strides; otherwise a
+    /// sufficient test: with the dimensions sorted by stride, each stride must step past
+    /// everything the smaller ones reach. Layouts that interleave dimensions without sharing
+    /// (rare, and never produced by slicing or transposing) are also reported.
+    pub fn may_overlap_itself(&self) -> bool {
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(&d, _)| d > 1)
+            .map(|(&d, &s)| (s.unsigned_abs(), d))
+            .collect();
+        if self.numel() <= 1 {
+            return false;
+        }
+        dims.sort_unstable();
+        let mut reach: usize = 0;
+        for (stride, extent) in dims {
+            if stride <= reach || stride == 0 {
+                return true;
+            }
+            reach = match stride
+                .checked_mul(extent - 1)
+                .and_then(|r| r.checked_add(reach))
+            {
+                Some(r) => r,
+                None => return true,
+            };
+        }
+        false
     }
 
     /// The same elements with the dimensions in reverse order.
@@ -444,14 +492,29 @@ mod tests {
     }
 
     #[test]
-    fn zero_stride_overlap() {
-        assert!(Layout::new(vec![3], vec![0], 0)
-            .unwrap()
-            .has_zero_stride_overlap());
-        assert!(!Layout::new(vec![1], vec![0], 0)
-            .unwrap()
-            .has_zero_stride_overlap());
-        assert!(!Layout::contiguous(&[3]).unwrap().has_zero_stride_overlap());
+    fn self_overlap() {
+        // Each row: shape, strides, whether two elements may share memory.
+        #[rustfmt::skip]
+        let cases: [(&[usize], &[isize], bool); 11] = [
+            (&[3], &[0], true),
+            (&[1], &[0], false),
+            (&[3], &[1], false),
+            (&[3, 4], &[4, 1], false),
+            (&[4, 3], &[1, 4], false),       // a transpose
+            (&[3, 4], &[-4, -1], false),     // reversed
+            (&[3, 4], &[8, 2], false),       // every other element
+            (&[4, 4], &[1, 1], true),        // a sliding window
+            (&[3, 3], &[2, 1], true),
+            (&[2, 1 << 62], &[1 << 62, 2], true), // reach overflows: refused
+            (&[0, 5], &[0, 0], false),       // empty
+        ];
+        for (shape, strides, overlaps) in cases {
+            let l = Layout::new(shape.to_vec(), strides.to_vec(), 0).unwrap();
+            assert_eq!(l.may_overlap_itself(), overlaps, "{shape:?} {strides:?}");
+        }
+        assert!(Layout::contiguous(&[1; 65]).is_err());
+        let huge = Layout::new(vec![1 << 62], vec![0], 0).unwrap();
+        assert!(huge.checked_nbytes(1).is_ok() && huge.checked_nbytes(2).is_err());
     }
 
     #[test]

@@ -87,6 +87,7 @@ impl Checked {
 pub fn check(d: &Descriptor<'_>) -> Result<Checked> {
     let itemsize = d.dtype.itemsize();
     let layout = Layout::from_untrusted(d.shape, d.strides, 0, itemsize)?;
+    layout.checked_nbytes(itemsize)?;
     let first = d
         .data
         .checked_add(usize::try_from(d.byte_offset).unwrap_or(usize::MAX))

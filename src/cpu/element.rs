@@ -71,6 +71,15 @@ impl Scalar {
         }
     }
 
+    /// As f32, rounded once: an int goes straight to f32 (through f64 it would round twice,
+    /// 2^60 + 2^36 + 1 becoming 2^60 instead of numpy's 2^60 + 2^37).
+    fn as_f32(self) -> f32 {
+        match self {
+            Scalar::Int(i) => i as f32,
+            other => other.as_f64() as f32,
+        }
+    }
+
     fn as_f64(self) -> f64 {
         match self {
             Scalar::Bool(b) => b as u8 as f64,
@@ -85,13 +94,6 @@ impl Scalar {
             Scalar::Int(i) => i != 0,
             Scalar::Float(f) => f != 0.0,
             Scalar::Complex(re, im) => re != 0.0 || im != 0.0,
-        }
-    }
-
-    fn as_complex(self) -> (f64, f64) {
-        match self {
-            Scalar::Complex(re, im) => (re, im),
-            other => (other.as_f64(), 0.0),
         }
     }
 }
@@ -133,15 +135,15 @@ macro_rules! float_element {
         impl Element for $t {
             const DTYPE: DType = DType::$d;
             fn to_scalar(self) -> Scalar { Scalar::Float(($to)(self)) }
-            fn from_scalar(value: Scalar) -> Self { ($from)(value.as_f64()) }
+            fn from_scalar(value: Scalar) -> Self { ($from)(value) }
         }
     )*};
 }
 float_element!(
-    f16 => Float16, f16::from_f64, f16::to_f64;
-    bf16 => BFloat16, bf16::from_f64, bf16::to_f64;
-    f32 => Float32, |v: f64| v as f32, |v: f32| v as f64;
-    f64 => Float64, |v: f64| v, |v: f64| v
+    f16 => Float16, |v: Scalar| f16::from_f64(v.as_f64()), f16::to_f64;
+    bf16 => BFloat16, |v: Scalar| bf16::from_f64(v.as_f64()), bf16::to_f64;
+    f32 => Float32, |v: Scalar| v.as_f32(), |v: f32| v as f64;
+    f64 => Float64, |v: Scalar| v.as_f64(), |v: f64| v
 );
 
 impl AddElem for f32 {
@@ -175,8 +177,11 @@ macro_rules! complex_element {
             const DTYPE: DType = DType::$d;
             fn to_scalar(self) -> Scalar { Scalar::Complex(self.re as f64, self.im as f64) }
             fn from_scalar(value: Scalar) -> Self {
-                let (re, im) = value.as_complex();
-                Complex { re: re as $t, im: im as $t }
+                match value {
+                    // Real values round once, straight to the part's type.
+                    Scalar::Complex(re, im) => Complex { re: re as $t, im: im as $t },
+                    real => Complex { re: <$t>::from_scalar(real), im: 0.0 },
+                }
             }
         }
         impl AddElem for Complex<$t> {

@@ -454,6 +454,36 @@ fn common_device(inputs: &[&Array], out: Option<&Array>) -> Result<Device> {
     Ok(first)
 }
 
+/// Whether no element of `a` shares a byte with an element of `b`, decided on the lattice of
+/// addresses their strides reach: every element of `a` starts at its first element's address
+/// plus a multiple of `g`, the gcd of both arrays' byte strides, and so does every element of
+/// `b` from its own; when the two starts differ (modulo `g`) by at least an element of each,
+/// no two elements can meet (`x[::2]` and `x[1::2]`). `false` means they may share memory.
+fn elements_disjoint(a: &Array, b: &Array) -> bool {
+    fn gcd(x: usize, y: usize) -> usize {
+        if y == 0 {
+            x
+        } else {
+            gcd(y, x % y)
+        }
+    }
+    let mut g = 0usize;
+    for x in [a, b] {
+        let item = x.dtype().itemsize();
+        for (&d, &s) in x.shape().iter().zip(x.strides()) {
+            if d > 1 {
+                g = gcd(g, s.unsigned_abs().saturating_mul(item));
+            }
+        }
+    }
+    if g == 0 {
+        return false; // single elements: the range test already said they meet
+    }
+    let g = g as i128;
+    let d = (b.data_ptr() as usize as i128 - a.data_ptr() as usize as i128).rem_euclid(g);
+    d >= a.dtype().itemsize() as i128 && g - d >= b.dtype().itemsize() as i128
+}
+
 fn check_out(out: &Array, shape: &[usize], dtype: DType, inputs: &[&Array]) -> Result<()> {
     if out.shape() != shape {
         return Err(Error::invalid(format!(
@@ -473,9 +503,10 @@ fn check_out(out: &Array, shape: &[usize], dtype: DType, inputs: &[&Array]) -> R
             "out is read-only: its producer does not allow writes".into(),
         ));
     }
-    if out.layout().has_zero_stride_overlap() {
+    if out.layout().may_overlap_itself() {
         return Err(Error::invalid(
-            "out has a zero stride, so several results would land on one element",
+            "out overlaps itself: several results would land on one element (a zero stride, or \
+             strides that do not step past each other)",
         ));
     }
     let Some((o_start, o_end)) = out.address_range() else {
@@ -486,7 +517,11 @@ fn check_out(out: &Array, shape: &[usize], dtype: DType, inputs: &[&Array]) -> R
             continue;
         };
         let overlaps = i_start < o_end && o_start < i_end;
-        if !overlaps || input.device() != out.device() {
+        // Host memory is one address space whether it is labelled cpu, pinned or managed (an
+        // np.asarray of a pinned array is the same memory as the array).
+        let same_space = input.device() == out.device()
+            || (input.device().is_host_accessible() && out.device().is_host_accessible());
+        if !overlaps || !same_space || elements_disjoint(input, out) {
             continue;
         }
         let exact = input.dtype() == out.dtype()
@@ -581,6 +616,26 @@ mod tests {
         assert_eq!(r.shape(), &[2, 3]);
         let want: Vec<Scalar> = (100..106).map(Scalar::Int).collect();
         assert_eq!(values(&r), want);
+    }
+
+    #[test]
+    fn interleaved_views_do_not_overlap() {
+        let x = arange(0.0, 8.0, 1.0, DType::Float32, Device::Cpu).unwrap();
+        let even = x.as_strided(&[4], &[2], 0).unwrap();
+        let odd = x.as_strided(&[4], &[2], 1).unwrap();
+        assert!(elements_disjoint(&even, &odd) && elements_disjoint(&odd, &even));
+        let shifted = x.as_strided(&[3], &[2], 2).unwrap();
+        assert!(!elements_disjoint(&even, &shifted));
+        // Contiguous elements meet the odd ones.
+        let all = x.as_strided(&[4], &[1], 0).unwrap();
+        assert!(!elements_disjoint(&all, &odd));
+        // out = odd elements, inputs = even ones: runs as numpy does.
+        add(&even, &even, Some(&odd), None).unwrap();
+        let want: Vec<Scalar> = [0, 0, 2, 4, 4, 8, 6, 12]
+            .into_iter()
+            .map(|v| Scalar::Float(v as f64))
+            .collect();
+        assert_eq!(values(&x), want);
     }
 
     #[test]

@@ -45,8 +45,9 @@ pub fn arange(start: f64, stop: f64, step: f64, dtype: DType, device: Device) ->
     }
     let count = ((stop - start) / step).ceil().max(0.0);
     if count > (isize::MAX as f64) {
+        // Debug formatting keeps exponents: Display would print 1e-300 as 300 digits.
         return Err(Error::invalid(format!(
-            "arange({start}, {stop}, {step}) is too long"
+            "arange({start:?}, {stop:?}, {step:?}) is too long"
         )));
     }
     let n = count as usize;
@@ -70,8 +71,16 @@ pub fn arange(start: f64, stop: f64, step: f64, dtype: DType, device: Device) ->
 
 /// Refuses values that `dtype` cannot hold meaningfully, as the Array API does for Python
 /// scalars: a bool takes any dtype, an int any but bool, a float a floating or complex one, a
-/// complex a complex one. `op` names the operation in the error.
+/// complex a complex one; and, as numpy 2 does, an int outside an integer dtype's range
+/// ([`Error::Overflow`]) rather than wrapping it. `op` names the operation in the error.
 pub fn check_value_kind(value: Scalar, dtype: DType, op: &'static str) -> Result<()> {
+    if let (Scalar::Int(v), Some((lo, hi))) = (value, int_range(dtype)) {
+        if v < lo || v > hi {
+            return Err(Error::Overflow(format!(
+                "Python integer {v} out of bounds for {dtype}"
+            )));
+        }
+    }
     let fits = match (value, dtype.kind()) {
         (Scalar::Bool(_), _) => true,
         (Scalar::Int(_), Kind::Bool) => false,
@@ -88,6 +97,16 @@ pub fn check_value_kind(value: Scalar, dtype: DType, op: &'static str) -> Result
             left: dtype.name().into(),
             right: value.kind_name().into(),
         })
+    }
+}
+
+/// The values an integer dtype holds, or `None` for other kinds.
+pub fn int_range(dtype: DType) -> Option<(i128, i128)> {
+    let bits = 8 * dtype.itemsize() as u32;
+    match dtype.kind() {
+        Kind::Int => Some((-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)),
+        Kind::UInt => Some((0, (1i128 << bits) - 1)),
+        _ => None,
     }
 }
 

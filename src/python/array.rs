@@ -12,7 +12,7 @@ use crate::ops;
 use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::python::{export_dlpack, CudaStreamRequest, DlpackExporter, ExportAbi, ExportRequest};
 use dlpark::{DlpackFlags, Managed};
-use pyo3::exceptions::PyBufferError;
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use pyo3::IntoPyObjectExt;
@@ -28,6 +28,40 @@ pub struct PyArray {
 impl PyArray {
     pub fn new(inner: Array) -> Self {
         PyArray { inner }
+    }
+
+    /// The one element as a Python bool, int, float or complex (device memory is copied to the
+    /// host, after its pending work).
+    fn python_scalar(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let _restore = crate::cuda::context::Restore::new();
+        let src = &self.inner;
+        let host = py.detach(|| ops::copy(src, src.dtype(), Device::Cpu))?;
+        // SAFETY: `host` is a fresh contiguous host array of exactly one element of its dtype.
+        let value = unsafe { crate::cpu::copy::read_scalar(host.dtype(), host.data_ptr(), 0) };
+        use crate::cpu::element::Scalar;
+        Ok(match value {
+            Scalar::Bool(b) => b.into_py_any(py)?,
+            Scalar::Int(i) => i.into_py_any(py)?,
+            Scalar::Float(f) => f.into_py_any(py)?,
+            Scalar::Complex(re, im) => pyo3::types::PyComplex::from_doubles(py, re, im)
+                .into_any()
+                .unbind(),
+        })
+    }
+
+    /// `builtin(value)` for a 0-d array (numpy 2 converts no other).
+    fn convert(&self, py: Python<'_>, builtin: &str) -> PyResult<Py<PyAny>> {
+        if self.inner.ndim() != 0 {
+            return Err(PyTypeError::new_err(
+                "only 0-dimensional arrays can be converted to Python scalars",
+            ));
+        }
+        let value = self.python_scalar(py)?;
+        Ok(py
+            .import("builtins")?
+            .getattr(builtin)?
+            .call1((value,))?
+            .unbind())
     }
 }
 
@@ -126,6 +160,34 @@ impl PyArray {
         self.inner.data_ptr() as usize
     }
 
+    /// Whether the one element is non-zero, as numpy: an array of any other size is ambiguous.
+    fn __bool__(&self, py: Python<'_>) -> PyResult<bool> {
+        match self.inner.numel() {
+            1 => self.python_scalar(py)?.bind(py).is_truthy(),
+            0 => Err(PyValueError::new_err(
+                "the truth value of an empty array is ambiguous; use a.size > 0",
+            )),
+            _ => Err(PyValueError::new_err(
+                "the truth value of an array with more than one element is ambiguous",
+            )),
+        }
+    }
+
+    /// The value of a 0-d array as a Python float (numpy's rules: complex values refuse).
+    fn __float__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.convert(py, "float")
+    }
+
+    /// The value of a 0-d array as a Python int (floats truncate, as `int()` does).
+    fn __int__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.convert(py, "int")
+    }
+
+    /// The value of a 0-d array as a Python complex.
+    fn __complex__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.convert(py, "complex")
+    }
+
     fn __len__(&self) -> PyResult<usize> {
         match self.inner.shape().first() {
             Some(&n) => Ok(n),
@@ -174,21 +236,29 @@ impl PyArray {
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         let _restore = crate::cuda::context::Restore::new();
-        let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
         let own = self.inner.device();
+        if own == Device::Cpu && stream.as_ref().is_some_and(|s| !s.is_none()) {
+            // The DLPack protocol has no streams for host memory; numpy refuses them too.
+            return Err(PyBufferError::new_err(
+                "a CPU array's __dlpack__ takes stream=None only",
+            ));
+        }
+        let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
         let target = match request.device() {
             Some(d) => Device::from_dlpack(d).map_err(|e| {
                 PyBufferError::new_err(format!("cannot export to the requested device: {e}"))
             })?,
             None => own,
         };
-        if request.abi() == ExportAbi::Legacy && self.inner.readonly() {
+        let zero_copy = target == own && copy != Some(true);
+        if zero_copy && request.abi() == ExportAbi::Legacy && self.inner.readonly() {
+            // (A copy is the consumer's own and writable: the legacy ABI serves it.)
             return Err(PyBufferError::new_err(
                 "this array is read-only and the legacy DLPack ABI cannot say so; \
-                 ask for max_version=(1, 0) or later",
+                 ask for max_version=(1, 0) or later, or copy=True",
             ));
         }
-        if target == own && copy != Some(true) {
+        if zero_copy {
             return export_dlpack(&Exporter(&self.inner), py, request);
         }
         if copy == Some(false) {

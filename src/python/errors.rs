@@ -2,7 +2,9 @@
 
 use crate::error::Error;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyBufferError, PyMemoryError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -36,6 +38,7 @@ impl From<Error> for PyErr {
             | Error::Broadcast { .. }
             | Error::Invalid(_)
             | Error::ReadOnly(_) => PyValueError::new_err(message),
+            Error::Overflow(_) => PyOverflowError::new_err(message),
             Error::Export(_) => PyBufferError::new_err(message),
             Error::OutOfMemory { .. } => PyMemoryError::new_err(message),
             Error::CudaUnavailable(_) => CudaUnavailableError::new_err(message),

@@ -2,7 +2,7 @@
 
 use super::array::PyArray;
 use super::import::{
-    default_dtype, exchanged, finish, from_sequence, import, python_scalar, Exchanged, Use,
+    default_dtype, exchanged, finish, from_sequence, import, python_scalar, widest, Exchanged, Use,
 };
 use super::types::{parse_device, parse_dtype};
 use crate::array::Array;
@@ -13,11 +13,24 @@ use crate::ops;
 use pyo3::prelude::*;
 
 fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
-    let dims: Vec<i64> = match shape.extract::<i64>() {
-        Ok(n) => vec![n],
-        Err(_) => shape.extract().map_err(|_| {
-            pyo3::exceptions::PyTypeError::new_err("shape must be an int or a sequence of ints")
-        })?,
+    let not_ints =
+        || pyo3::exceptions::PyTypeError::new_err("shape must be an int or a sequence of ints");
+    // An integer (Python's or numpy's: anything with __index__) that does not fit is too large,
+    // not of the wrong type.
+    let dim = |d: &Bound<'_, PyAny>| -> PyResult<i64> {
+        d.extract::<i64>().or_else(|_| {
+            if d.hasattr(pyo3::intern!(d.py(), "__index__"))? {
+                Err(Error::Overflow("a dimension of the shape is too large".into()).into())
+            } else {
+                Err(not_ints())
+            }
+        })
+    };
+    let dims: Vec<i64> = if shape.hasattr(pyo3::intern!(shape.py(), "__index__"))? {
+        vec![dim(shape)?]
+    } else {
+        let items: Vec<Bound<'_, PyAny>> = shape.extract().map_err(|_| not_ints())?;
+        items.iter().map(dim).collect::<PyResult<_>>()?
     };
     dims.iter()
         .map(|&d| usize::try_from(d).map_err(|_| Error::invalid(format!("negative dimension {d}"))))
@@ -238,6 +251,14 @@ pub fn add(
             operand(a, ex_a.take(), None, kernel_stream)?,
             Second::Value(value),
         ),
+        (Some(va), Some(vb)) => {
+            // Two Python scalars meet in the wider kind, whichever comes first.
+            let dtype = widest(default_dtype(va), default_dtype(vb));
+            (
+                ops::full(&[], va, dtype, crate::Device::Cpu)?,
+                Second::Value(vb),
+            )
+        }
         _ => {
             let x = operand(a, ex_a.take(), None, kernel_stream)?;
             let y = operand(b, ex_b.take(), Some(&x), kernel_stream)?;

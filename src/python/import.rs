@@ -285,13 +285,17 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
         return Ok(Some(Scalar::Bool(obj.extract()?)));
     }
     if obj.is_instance_of::<PyInt>() {
+        // Any int that a dtype may hold (floating dtypes take large ones); the dtype it meets
+        // checks its range (ops::create::check_value_kind).
         let v: i128 = obj.extract().map_err(|_| {
-            let shown = obj.str().map_or_else(|_| "value".into(), |s| s.to_string());
-            Error::invalid(format!("integer {shown} does not fit in 64 bits"))
+            let bits = obj
+                .call_method0("bit_length")
+                .and_then(|b| b.extract::<u64>())
+                .unwrap_or(0);
+            Error::Overflow(format!(
+                "Python integer of {bits} bits is too large for any cubridge dtype"
+            ))
         })?;
-        if v < i64::MIN as i128 || v > u64::MAX as i128 {
-            return Err(Error::invalid(format!("integer {v} does not fit in 64 bits")).into());
-        }
         return Ok(Some(Scalar::Int(v)));
     }
     // Exact types: numpy's float64 and complex128 scalars subclass float and complex, but they
@@ -315,7 +319,8 @@ pub fn default_dtype(value: Scalar) -> DType {
     }
 }
 
-fn widest(a: DType, b: DType) -> DType {
+/// The wider kind of two default dtypes (bool < int < float < complex).
+pub fn widest(a: DType, b: DType) -> DType {
     let rank = |d: DType| match d.kind() {
         Kind::Bool => 0,
         Kind::Int | Kind::UInt => 1,
@@ -343,12 +348,13 @@ pub fn from_sequence(
     let mut shape = Vec::new();
     let mut values = Vec::new();
     flatten(obj, 0, &mut shape, &mut values)?;
-    let inferred = values
-        .iter()
-        .map(|&v| default_dtype(v))
-        .reduce(widest)
-        .unwrap_or(DType::Float32);
-    let dtype = dtype.unwrap_or(inferred);
+    if crate::layout::checked_numel(&shape)? != values.len() {
+        return Err(Error::invalid("nested sequences changed while being read").into());
+    }
+    let dtype = match dtype {
+        Some(dtype) => dtype,
+        None => infer_dtype(&values)?,
+    };
     let host = Array::empty(&shape, dtype, Device::Cpu)?;
     let size = dtype.itemsize();
     for (i, &v) in values.iter().enumerate() {
@@ -363,13 +369,63 @@ pub fn from_sequence(
     }
 }
 
+/// The dtype numpy would give these Python scalars, with the Array API's float32 default for
+/// floats: the widest kind present; ints beyond int64 make uint64 when none is negative.
+fn infer_dtype(values: &[Scalar]) -> Result<DType, Error> {
+    let inferred = values
+        .iter()
+        .map(|&v| default_dtype(v))
+        .reduce(widest)
+        .unwrap_or(DType::Float32);
+    let ints = || {
+        values.iter().filter_map(|v| match v {
+            Scalar::Int(i) => Some(*i),
+            _ => None,
+        })
+    };
+    if inferred != DType::Int64 || ints().all(|i| i <= i64::MAX as i128) {
+        return Ok(inferred);
+    }
+    if ints().all(|i| i >= 0) {
+        return Ok(DType::UInt64);
+    }
+    Err(Error::Overflow(
+        "no integer dtype holds all of these Python integers (some exceed int64, some are \
+         negative); give a dtype"
+            .into(),
+    ))
+}
+
+/// A numpy scalar (`np.float64(1.0)`, `np.int8(3)`, a 0-d array) as its Python value, for the
+/// elements of a nested sequence, which numpy accepts too.
+fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
+    let py = obj.py();
+    let from_numpy = obj
+        .get_type()
+        .module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"));
+    if !from_numpy
+        || !obj
+            .getattr(pyo3::intern!(py, "ndim"))?
+            .extract::<usize>()
+            .is_ok_and(|n| n == 0)
+    {
+        return Ok(None);
+    }
+    python_scalar(&obj.call_method0(pyo3::intern!(py, "item"))?)
+}
+
 fn flatten(
     obj: &Bound<'_, PyAny>,
     depth: usize,
     shape: &mut Vec<usize>,
     values: &mut Vec<Scalar>,
 ) -> PyResult<()> {
-    if let Some(v) = python_scalar(obj)? {
+    let scalar = match python_scalar(obj)? {
+        Some(v) => Some(v),
+        None => numpy_scalar(obj)?,
+    };
+    if let Some(v) = scalar {
         if depth != shape.len() {
             return Err(Error::invalid("nested sequences have inconsistent depths").into());
         }
@@ -382,10 +438,16 @@ fn flatten(
             obj.get_type().name()?
         )));
     }
-    if depth > crate::layout::MAX_NDIM {
-        return Err(Error::invalid("sequence nesting is deeper than 64").into());
+    if depth >= crate::layout::MAX_NDIM {
+        return Err(Error::invalid(format!(
+            "sequence nesting is deeper than the {} dimensions cubridge supports",
+            crate::layout::MAX_NDIM
+        ))
+        .into());
     }
-    let len = obj.len()?;
+    // What iteration yields is what counts: a sequence's __len__ may disagree with it.
+    let items = obj.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+    let len = items.len();
     if depth == shape.len() {
         if !values.is_empty() {
             return Err(Error::invalid("nested sequences have inconsistent depths").into());
@@ -398,8 +460,8 @@ fn flatten(
         ))
         .into());
     }
-    for item in obj.try_iter()? {
-        flatten(&item?, depth + 1, shape, values)?;
+    for item in &items {
+        flatten(item, depth + 1, shape, values)?;
     }
     Ok(())
 }

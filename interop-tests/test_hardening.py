@@ -1,0 +1,244 @@
+"""Regressions for what an adversarial run against the CPU build found (issue 18): inputs that
+crashed or hung, values that came out silently wrong, and errors of the wrong kind. Each test
+states the finding it guards; crashes run in a child interpreter, so that a regression fails the
+test instead of killing the run."""
+
+import numpy as np
+import pytest
+from conftest import run_child
+
+import cubridge as cb
+
+
+# ---- crashes and hangs --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("claimed", [1, 3, 10])
+def test_sequence_whose_len_disagrees_with_its_iteration(claimed):
+    """asarray sized the array from len() and filled it from iteration: a short len overflowed
+    the heap, a long one left uninitialised elements. What is iterated is what counts."""
+    code = (
+        "import cubridge as cb\n"
+        "class Liar(list):\n"
+        f"    def __len__(self): return {claimed}\n"
+        "a = cb.asarray(Liar([1.0, 2.0, 3.0, 4.0, 5.0]))\n"
+        "print(a.shape, list(a.to_numpy()))\n"
+        "b = cb.asarray([Liar([1, 2]), Liar([3, 4])])\n"
+        "print(b.shape, b.to_numpy().tolist())\n"
+    )
+    done = run_child(code)
+    assert done.stdout.splitlines() == [
+        "(5,) [np.float32(1.0), np.float32(2.0), np.float32(3.0), np.float32(4.0), "
+        "np.float32(5.0)]",
+        "(2, 2) [[1, 2], [3, 4]]",
+    ]
+
+
+def test_views_whose_byte_size_overflows_are_refused():
+    """as_strided accepted a view of 2^62 + 1 elements of 8 bytes (a zero stride keeps it
+    inside the array): nbytes wrapped, and the buffer export handed CPython a wrong length."""
+    code = (
+        "import cubridge as cb\n"
+        "a = cb.zeros(1, dtype='float64')\n"
+        "for shape in ([2**62 + 1], [2**61, 4], [2**60, 2**3]):\n"
+        "    try:\n"
+        "        v = a.as_strided(shape, [0] * len(shape))\n"
+        "        bytes(v)\n"
+        "        print('accepted', shape)\n"
+        "    except ValueError as e:\n"
+        "        print('refused', 'bytes' in str(e))\n"
+    )
+    assert run_child(code).stdout.split() == ["refused", "True"] * 3
+    a = cb.zeros(1, dtype="float64")
+    big = a.as_strided([2**40], [0])  # large but addressable: allowed, nbytes exact
+    assert big.nbytes == 8 * 2**40
+
+
+def test_out_that_overlaps_itself_is_refused():
+    """An out whose elements share memory (a 2-D view with strides (1, 1)) drove a 2^40-element
+    loop on an 8 MB array with the GIL released; small ones gave order-dependent results."""
+    a = cb.zeros(1 << 21, dtype="float32")  # 8 MB
+    ones = cb.zeros(1, dtype="float32").as_strided([1 << 20, 1 << 20], [0, 0])
+    with pytest.raises(ValueError, match="overlaps itself"):
+        cb.add(ones, 2.0, out=a.as_strided([1 << 20, 1 << 20], [1, 1]))
+    small = cb.zeros(8, dtype="int32")
+    with pytest.raises(ValueError, match="overlaps itself"):
+        cb.add(np.ones((3, 3), np.int32), 1, out=small.as_strided([3, 3], [2, 1]))
+    # Layouts that only look unusual still work: transposed, reversed, interleaved.
+    m = cb.zeros(12, dtype="int32")
+    cb.add(np.arange(12, dtype=np.int32).reshape(3, 4), 0, out=m.as_strided([3, 4], [1, 3]))
+    np.testing.assert_array_equal(m.to_numpy(), np.arange(12).reshape(3, 4).T.ravel())
+
+
+# ---- wrong values, silently ---------------------------------------------------------------------
+
+
+def test_large_python_ints_infer_uint64_or_are_refused():
+    a = cb.asarray([2**64 - 1, 1])
+    assert a.dtype == "uint64"
+    np.testing.assert_array_equal(a.to_numpy(), np.array([2**64 - 1, 1], dtype=np.uint64))
+    with pytest.raises(OverflowError):
+        cb.asarray([2**63, -1])  # no integer dtype holds both
+    with pytest.raises(OverflowError, match="out of bounds for int64"):
+        cb.full(1, 2**63, dtype="int64")
+    with pytest.raises(OverflowError):
+        cb.asarray([2**63], dtype="int64")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: cb.full(2, 300, dtype="int8"),
+        lambda: cb.full(2, -1, dtype="uint16"),
+        lambda: cb.asarray([1, 256], dtype="uint8"),
+        lambda: cb.add(np.zeros(3, np.uint8), -1),
+        lambda: cb.add(-1, np.zeros(3, np.uint8)),
+        lambda: cb.add(np.zeros(3, np.int16), 2**15),
+        lambda: cb.zeros(3, dtype="int32") + 2**31,
+    ],
+)
+def test_out_of_range_python_ints_raise_overflow_error(call):
+    """Values that do not fit the dtype wrapped (full(2, 300, dtype='int8') gave 44); numpy 2
+    and torch raise."""
+    with pytest.raises(OverflowError, match="out of bounds"):
+        call()
+
+
+def test_in_range_extremes_still_work():
+    np.testing.assert_array_equal(cb.full(2, -128, dtype="int8").to_numpy(), [-128, -128])
+    np.testing.assert_array_equal(cb.full(1, 2**64 - 1, dtype="uint64").to_numpy(), [2**64 - 1])
+    np.testing.assert_array_equal(cb.add(np.zeros(2, np.uint8), 255).to_numpy(), [255, 255])
+    # Python ints into floating dtypes round as numpy does, whatever their size.
+    assert cb.full(1, 2**70, dtype="float32").to_numpy()[0] == np.float32(2**70)
+
+
+def test_more_than_64_dimensions_cannot_be_created():
+    with pytest.raises(ValueError, match="64"):
+        cb.zeros((1,) * 65)
+    with pytest.raises(ValueError, match="64"):
+        cb.empty((1,) * 65)
+    nested = 1.0
+    for _ in range(65):
+        nested = [nested]
+    with pytest.raises(ValueError, match="64"):
+        cb.asarray(nested)
+    deepest = 1.0
+    for _ in range(64):
+        deepest = [deepest]
+    assert cb.asarray(deepest).ndim == 64
+
+
+def test_int64_to_float32_rounds_once():
+    """Casts of int64 and uint64 to float32 and complex64 went through float64 and rounded
+    twice: 2^60 + 2^36 + 1 became 2^60, where numpy and torch give 2^60 + 2^37."""
+    v = 2**60 + 2**36 + 1
+    want = np.array([v], dtype=np.int64).astype(np.float32)
+    assert want[0] == np.float32(2**60 + 2**37)
+    got = cb.asarray(np.array([v], dtype=np.int64), dtype="float32").to_numpy()
+    np.testing.assert_array_equal(got, want)
+    got = cb.asarray(np.array([v], dtype=np.uint64), dtype="complex64").to_numpy()
+    np.testing.assert_array_equal(got, np.array([v], dtype=np.uint64).astype(np.complex64))
+    assert cb.full(1, v, dtype="float32").to_numpy()[0] == want[0]
+
+
+def test_truth_and_number_conversions_follow_numpy():
+    assert bool(cb.asarray([0.0])) is False
+    assert bool(cb.asarray([[3]])) is True
+    assert bool(cb.asarray(0)) is False
+    for ambiguous in (cb.zeros(2), cb.zeros(0)):
+        with pytest.raises(ValueError, match="ambiguous"):
+            bool(ambiguous)
+    assert float(cb.asarray(2.5)) == 2.5
+    assert int(cb.asarray(-7)) == -7
+    assert int(cb.asarray(2.9)) == 2
+    assert complex(cb.asarray(1 + 2j)) == 1 + 2j
+    for call in (float, int, complex):
+        with pytest.raises(TypeError, match="0-dimensional"):
+            call(cb.zeros(1))
+
+
+# ---- wrong or unhelpful errors ------------------------------------------------------------------
+
+
+def test_shape_integers_beyond_the_native_range_say_so():
+    with pytest.raises((OverflowError, ValueError), match="too large"):
+        cb.empty(2**70)
+    with pytest.raises((OverflowError, ValueError), match="too large"):
+        cb.zeros((2, 2**70))
+
+
+def test_adding_two_python_scalars_is_symmetric():
+    for a, b, dtype, value in [
+        (1, 2.0, "float32", 3.0),
+        (2.0, 1, "float32", 3.0),
+        (True, 1, "int64", 2),
+        (1, True, "int64", 2),
+        (1.0, 1j, "complex64", 1 + 1j),
+        (1j, 1.0, "complex64", 1 + 1j),
+    ]:
+        r = cb.add(a, b)
+        assert (r.dtype, r.to_numpy()[()]) == (dtype, value), (a, b)
+
+
+def test_cpu_dlpack_accepts_only_stream_none():
+    a = cb.zeros(3)
+    for stream in (0, 1, 2, 12345, -1):
+        with pytest.raises(BufferError, match="stream"):
+            a.__dlpack__(stream=stream)
+    assert a.__dlpack__(stream=None) is not None
+
+
+def test_copy_true_exports_a_read_only_array_through_the_legacy_abi():
+    ro = np.arange(4.0)
+    ro.flags.writeable = False
+    a = cb.from_dlpack(ro)
+    assert a.readonly
+    with pytest.raises(BufferError):
+        a.__dlpack__()  # zero-copy legacy export cannot say read-only
+    copied = cb.from_dlpack(a.__dlpack__(copy=True))  # a legacy capsule of a fresh copy
+    assert not copied.readonly
+    assert copied.data_ptr != a.data_ptr
+    np.testing.assert_array_equal(copied.to_numpy(), ro)
+
+
+def test_numpy_scalars_in_sequences_are_read_as_their_values():
+    a = cb.asarray([np.float64(1.0), 2.0, np.float32(0.5)])
+    np.testing.assert_array_equal(a.to_numpy(), np.array([1.0, 2.0, 0.5], np.float32))
+    b = cb.asarray([[np.int8(3), 4], [np.uint16(5), np.array(6)]])
+    assert b.dtype == "int64"
+    np.testing.assert_array_equal(b.to_numpy(), [[3, 4], [5, 6]])
+    assert cb.asarray([np.True_, False]).dtype == "bool"
+    with pytest.raises(TypeError):
+        cb.asarray([np.zeros(2), 1.0])  # an array among scalars is not a scalar
+
+
+def test_out_may_interleave_with_an_input_that_it_does_not_share_elements_with():
+    """x[::2] read while x[1::2] is written shares no element, though their address ranges
+    overlap: it runs as in numpy."""
+    x = np.arange(8, dtype=np.float32)
+    want = x.copy()
+    np.add(want[::2], 1.0, out=want[1::2])
+    cb.add(x[::2], 1.0, out=x[1::2])
+    np.testing.assert_array_equal(x, want)
+    with pytest.raises(ValueError, match="partially overlaps"):
+        cb.add(x[:4], 1.0, out=x[1:5])
+
+
+def test_arange_errors_are_short():
+    with pytest.raises(ValueError) as info:
+        cb.arange(0, 1, 1e-300)
+    assert len(str(info.value)) < 120, str(info.value)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not cb.cuda.is_available(), reason="no CUDA here")
+def test_overlap_is_seen_across_host_memory_labels():
+    """The same pinned memory seen as cuda_host (the cubridge array) and as cpu (numpy's view of
+    it) slipped past the overlap check, which compared addresses only within one label."""
+    p = cb.arange(8, dtype="float32", device="cuda_host")
+    view = np.asarray(p)  # the same memory, labelled cpu
+    assert view.ctypes.data == p.data_ptr
+    with pytest.raises(ValueError, match="partially overlaps"):
+        cb.add(view[:4], 1.0, out=p.as_strided([4], [1], 1))
+    cb.add(view, 1.0, out=p)  # exactly the same elements: in place, allowed
+    np.testing.assert_array_equal(view, np.arange(1, 9, dtype=np.float32))
