@@ -3,9 +3,11 @@ crashed or hung, values that came out silently wrong, and errors of the wrong ki
 states the finding it guards; crashes run in a child interpreter, so that a regression fails the
 test instead of killing the run."""
 
+import re
+
 import numpy as np
 import pytest
-from conftest import run_child
+from conftest import run_child, torch
 
 import cubridge as cb
 
@@ -222,6 +224,121 @@ def test_out_may_interleave_with_an_input_that_it_does_not_share_elements_with()
     np.testing.assert_array_equal(x, want)
     with pytest.raises(ValueError, match="partially overlaps"):
         cb.add(x[:4], 1.0, out=x[1:5])
+
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+@needs_torch
+def test_out_that_requires_grad_is_refused():
+    """out= a tensor that requires grad (an nn.Parameter) was written behind autograd's back:
+    its version counter did not move and gradients came out wrong. torch's __dlpack__ refuses
+    such tensors; so does add, whichever way the tensor comes in."""
+    w = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(BufferError, match="requires grad"):
+        cb.add(np.ones(3, np.float32), 1.0, out=w)
+    assert torch.equal(w.detach(), torch.zeros(3))
+    cb.add(np.ones(3, np.float32), 1.0, out=w.detach())  # the documented way
+    assert torch.equal(w.detach(), torch.full((3,), 2.0))
+
+
+@needs_torch
+def test_a_tensor_subclass_that_overrides_dlpack_is_asked_through_it():
+    """A torch.Tensor subclass overriding __dlpack__ was bypassed through the exchange table it
+    inherits from torch.Tensor."""
+
+    class Guarded(torch.Tensor):
+        def __dlpack__(self, *args, **kwargs):
+            raise BufferError("Guarded tensors are not exported")
+
+    g = torch.ones(3).as_subclass(Guarded)
+    for call in (lambda: cb.from_dlpack(g), lambda: cb.add(g, 1.0), lambda: cb.add(g, g)):
+        with pytest.raises(BufferError, match="Guarded"):
+            call()
+    plain = torch.ones(3)
+    np.testing.assert_array_equal(cb.add(plain, 1.0).to_numpy(), [2.0, 2.0, 2.0])
+
+
+def test_an_invalid_exchange_table_falls_back_to_dlpack():
+    """A type whose __dlpack_c_exchange_api__ is not a valid capsule blocked its working
+    __dlpack__ ("PyCapsule_GetPointer called with invalid PyCapsule object")."""
+
+    class Odd:
+        __dlpack_c_exchange_api__ = 42
+
+        def __init__(self):
+            self.a = np.arange(3.0)
+
+        def __dlpack__(self, **kwargs):
+            return self.a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    np.testing.assert_array_equal(cb.from_dlpack(Odd()).to_numpy(), [0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(cb.add(Odd(), 1.0).to_numpy(), [1.0, 2.0, 3.0])
+
+
+def test_the_matrix_skips_bfloat16_cells_without_ml_dtypes():
+    """test_matrix.py failed instead of skipping when ml_dtypes was missing: every dtype's
+    cells asked numpy for bfloat16. Run here with ml_dtypes blocked (jax, which needs it, then
+    counts as not installed)."""
+    here = __import__("pathlib").Path(__file__).parent
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'ml_dtypes':\n"
+        "            raise ImportError('blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import pytest\n"
+        f"sys.exit(pytest.main([{str(here / 'test_matrix.py')!r}, '-q', '-p', 'no:cacheprovider',\n"
+        "    '-k', 'cpu and contiguous and (bfloat16 or float32)']))\n"
+    )
+    done = run_child(code)
+    last = done.stdout.strip().splitlines()[-1]
+    counts = dict((word, int(n)) for n, word in re.findall(r"(\d+) (\w+)", last))
+    assert counts.get("passed", 0) > 0 and counts.get("skipped", 0) > 0, last
+    assert "failed" not in counts and "error" not in counts and "errors" not in counts, last
+
+
+def test_copy_false_against_a_producer_that_copies_is_a_buffer_error():
+    """from_dlpack(x, copy=False) where the producer hands over a copy said "a float32 array on
+    cpu cannot be seen as float32 on cpu without copying" (ValueError)."""
+    src = cb.arange(4, dtype="float32")
+
+    class Copier:
+        def __dlpack__(self, **kwargs):
+            return src.__dlpack__(max_version=(1, 3), copy=True)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(BufferError, match="exported a copy"):
+        cb.from_dlpack(Copier(), copy=False)
+    np.testing.assert_array_equal(cb.from_dlpack(Copier()).to_numpy(), [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="copy=False"):
+        cb.asarray(np.zeros(2, np.float32), dtype="float64", copy=False)  # a cast: still ValueError
+
+
+def test_plus_gives_way_to_operands_it_cannot_read_and_raises_for_those_it_can():
+    """+ chose NotImplemented by matching the text of an error message; it now looks at the
+    operand."""
+
+    class Other:
+        def __radd__(self, left):
+            return "Other.__radd__"
+
+        def __add__(self, right):
+            return "Other.__add__"
+
+    a = cb.zeros(3, dtype="int32")
+    assert a + Other() == "Other.__radd__"
+    assert Other() + a == "Other.__add__"
+    with pytest.raises(TypeError, match="int32 and float32"):
+        a + np.zeros(3, np.float32)  # readable, but the dtypes do not promote
+    with pytest.raises(TypeError):
+        a + object()
 
 
 def test_arange_errors_are_short():

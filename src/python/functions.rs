@@ -224,6 +224,19 @@ pub fn add(
         out,
     ]
     .map(|o| o.and_then(exchanged));
+    if let (Some(o), Some(_)) = (out, &ex_out) {
+        // The table skips the refusal torch's __dlpack__ makes: a write behind autograd's back
+        // would leave the version counter still and the gradients wrong.
+        if o.getattr(pyo3::intern!(py, "requires_grad"))
+            .and_then(|r| r.is_truthy())
+            .unwrap_or(false)
+        {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "out requires grad: writing it in place would hide the write from autograd; \
+                 pass out.detach() or a tensor that does not require grad",
+            ));
+        }
+    }
     let kernel_stream = explicit
         .or_else(|| {
             [&ex_a, &ex_b, &ex_out]
@@ -312,19 +325,17 @@ pub fn add(
     })
 }
 
-/// `a + b` for the `+` operator: like [`add`], returning NotImplemented for foreign operands
-/// that cubridge cannot read, so Python can try the other side.
+/// `a + b` for the `+` operator: like [`add`], returning NotImplemented for a foreign operand
+/// that offers none of the ways cubridge reads arrays, so Python can try the other side.
+/// (Errors about operands cubridge can read, such as dtypes that do not promote, are raised.)
 pub fn add_operands(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     let py = a.py();
-    match add(py, a, b, None, None) {
-        Err(e)
-            if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
-                && !e.to_string().contains("not defined for") =>
-        {
-            Ok(py.NotImplemented())
+    for x in [a, b] {
+        if !super::import::readable(x)? {
+            return Ok(py.NotImplemented());
         }
-        other => other,
     }
+    add(py, a, b, None, None)
 }
 
 /// Whether a CUDA driver with at least one device is present.

@@ -108,6 +108,20 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
     )))
 }
 
+/// Whether `obj` offers one of the ways cubridge reads an operand: a cubridge array, a Python
+/// or numpy scalar, a sequence (for `asarray`), a DLPack producer or capsule, the CUDA array
+/// interface, or the buffer protocol. What does not is refused by [`import`] with TypeError.
+pub fn readable(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    Ok(obj.cast::<PyArray>().is_ok()
+        || python_scalar(obj)?.is_some()
+        || is_capsule(obj)
+        || has_dlpack(obj)
+        || obj.hasattr(pyo3::intern!(py, "__cuda_array_interface__"))?
+        // SAFETY: PyObject_CheckBuffer only reads the object's type slots.
+        || unsafe { pyo3::ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1)
+}
+
 /// An array taken through its producer's DLPack C exchange table: one export, with the
 /// producer's current work stream (DLPack numbering, CUDA only), on which its data is ready. A
 /// caller that runs work on another stream orders that stream after this one first.
@@ -121,6 +135,9 @@ pub struct Exchanged {
 /// fallbacks, or its error).
 pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
     if obj.cast::<PyArray>().is_ok() {
+        return None;
+    }
+    if !exchange_table_usable(obj) {
         return None;
     }
     let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
@@ -140,6 +157,83 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
     })
 }
 
+/// Whether `obj`'s type publishes a DLPack C exchange table that may stand for its `__dlpack__`:
+/// a valid capsule, set by the same class that implements `__dlpack__` (a subclass that
+/// overrides `__dlpack__`, say a `torch.Tensor` subclass, must be asked through it, since the
+/// table it inherits would skip it). Decided once per type; the cache holds the types, so that
+/// an address is never reused for another.
+fn exchange_table_usable(obj: &Bound<'_, PyAny>) -> bool {
+    type Cache = Vec<(Py<pyo3::types::PyType>, bool)>;
+    static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Vec::new());
+    const MAX_TYPES: usize = 64;
+    let ty = obj.get_type();
+    {
+        let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, usable)) = cache.iter().find(|(t, _)| t.is(&ty)) {
+            return *usable;
+        }
+    }
+    let usable = table_belongs_to_protocol(&ty).unwrap_or(false);
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() < MAX_TYPES && !cache.iter().any(|(t, _)| t.is(&ty)) {
+        cache.push((ty.unbind(), usable));
+    }
+    usable
+}
+
+fn table_belongs_to_protocol(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bool> {
+    const TABLE: &str = "__dlpack_c_exchange_api__";
+    let mro = ty.getattr(pyo3::intern!(ty.py(), "__mro__"))?;
+    let owner = |name: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
+        for class in mro.try_iter()? {
+            let class = class?;
+            if class
+                .getattr(pyo3::intern!(ty.py(), "__dict__"))?
+                .contains(name)?
+            {
+                return Ok(Some(class));
+            }
+        }
+        Ok(None)
+    };
+    let (Some(protocol), Some(table)) = (owner("__dlpack__")?, owner(TABLE)?) else {
+        return Ok(false);
+    };
+    if !protocol.is(&table) {
+        return Ok(false);
+    }
+    let capsule = ty.getattr(TABLE)?;
+    // SAFETY: PyCapsule_IsValid accepts any object and only reads its type and name.
+    let valid =
+        unsafe { pyo3::ffi::PyCapsule_IsValid(capsule.as_ptr(), c"dlpack_exchange_api".as_ptr()) };
+    Ok(valid == 1)
+}
+
+/// Whether `obj`'s type names a DLPack C exchange table at all (usable or not).
+fn has_exchange_table(obj: &Bound<'_, PyAny>) -> bool {
+    obj.get_type()
+        .hasattr(pyo3::intern!(obj.py(), "__dlpack_c_exchange_api__"))
+        .unwrap_or(false)
+}
+
+/// `obj.__dlpack__` called by cubridge itself, for a producer whose exchange table may not be
+/// used (dlpark's import request would consult it): a versioned capsule is asked for, with
+/// `consumer` as the stream of a CUDA producer. A producer that predates `max_version` raises
+/// TypeError, which the caller answers with a legacy request.
+fn protocol_capsule<'py>(obj: &Bound<'py, PyAny>, consumer: Stream) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let on_cuda = obj
+        .call_method0("__dlpack_device__")
+        .and_then(|d| d.extract::<(u32, i32)>())
+        .is_ok_and(|(t, _)| t == DLDeviceType::CUDA.0);
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item("max_version", (1u32, 3u32))?;
+    if on_cuda {
+        kwargs.set_item("stream", consumer.dlpack())?;
+    }
+    obj.call_method("__dlpack__", (), Some(&kwargs))
+}
+
 /// DLPack import: a versioned capsule is asked for first, with `consumer` as the stream for
 /// CUDA producers (or, through the C exchange table, an event wait on the producer's work
 /// stream); a producer whose `__dlpack__` predates `max_version` (it raises TypeError) is asked
@@ -151,6 +245,10 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResul
         if is_capsule(obj) {
             refuse_other_major_version(obj)?;
             return dlpark_import(obj.as_borrowed(), None, None);
+        }
+        if has_exchange_table(obj) && !exchange_table_usable(obj) {
+            let capsule = protocol_capsule(obj, consumer)?;
+            return dlpark_import(capsule.as_borrowed(), None, None);
         }
         let request = ImportRequest::new(obj.as_borrowed())?;
         if request
@@ -263,7 +361,15 @@ pub fn finish(
     let dtype_target = dtype.unwrap_or(array.dtype());
     let device_target = device.unwrap_or(array.device());
     let needs_copy = dtype_target != array.dtype() || device_target != array.device();
-    if copy == Some(false) && (needs_copy || copied) {
+    if copy == Some(false) && copied {
+        return Err(PyBufferError::new_err(format!(
+            "copy=False, but the producer exported a copy of its {} array on {} (the DLPack \
+             IS_COPIED flag), not its own memory",
+            array.dtype(),
+            array.device()
+        )));
+    }
+    if copy == Some(false) && needs_copy {
         return Err(Error::invalid(format!(
             "copy=False, but a {} array on {} cannot be seen as {dtype_target} on \
              {device_target} without copying",
