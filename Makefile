@@ -18,6 +18,10 @@ $(VENV)/.test-deps: requirements/test.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -r requirements/test.txt
 	touch $@
 
+$(VENV)/.lint-deps: requirements/lint.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -r requirements/lint.txt
+	touch $@
+
 ## build: compile the extension (release) into .venv
 build: $(VENV)/.build-deps
 	$(BIN)/maturin develop --release -q
@@ -35,14 +39,19 @@ test-rust:
 test-python: build $(VENV)/.test-deps
 	$(BIN)/python -m pytest interop-tests -q
 
-## lint: formatting and lints that must pass before a commit
-lint: $(VENV)/.build-deps
+## lint: formatting and lints that must pass before a commit (CI runs it before the tests):
+## Rust format and clippy, ruff's lints and format check, and the stubs against the extension
+lint: build $(VENV)/.lint-deps
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy.stubtest cubridge._cubridge --allowlist stubtest-allowlist.txt
 
-format:
+format: $(VENV)/.lint-deps
 	cargo fmt --all
+	$(BIN)/ruff format .
 
 ## bench: the CPU add benchmark (GPU benchmarks: see README)
 bench: build

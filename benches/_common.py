@@ -14,14 +14,22 @@ import zlib
 def versions():
     """Machine, GPU, driver and library versions, for the header of every result."""
     info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
     }
     try:
         q = "--query-gpu=name,driver_version,memory.total"
-        out = subprocess.run(["nvidia-smi", q, "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout.strip().splitlines()
+        out = (
+            subprocess.run(
+                ["nvidia-smi", q, "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
         info["gpu"] = out[0] if out else "none"
     except (OSError, subprocess.SubprocessError):
         info["gpu"] = "none"
@@ -76,7 +84,7 @@ class GpuTimer:
         torch = self.torch
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        for s, e in zip(starts, ends):
+        for s, e in zip(starts, ends, strict=True):
             if flush:
                 self.flush.zero_()  # evicts the operands from L2
             torch.cuda._sleep(spin_cycles)
@@ -84,7 +92,7 @@ class GpuTimer:
             fn()
             e.record()
         torch.cuda.synchronize()
-        times = sorted(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends))
+        times = sorted(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True))
         return times[len(times) // 2]
 
 
@@ -105,7 +113,7 @@ def plot(path, title, xlabel, ylabel, series, logx=True):
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, points in series.items():
-        xs, ys = zip(*points)
+        xs, ys = zip(*points, strict=True)
         ax.plot(xs, ys, marker="o", markersize=3, label=label)
     if logx:
         ax.set_xscale("log", base=2)
@@ -119,8 +127,18 @@ def plot(path, title, xlabel, ylabel, series, logx=True):
     plt.close(fig)
 
 
-_COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-           (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+_COLORS = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+]
 
 
 def _plot_builtin(path, series, logx, width=800, height=500):
@@ -156,7 +174,7 @@ def _plot_builtin(path, series, logx, width=800, height=500):
         color = _COLORS[k % len(_COLORS)]
         line((4, pad + 12 * k), (pad - 8, pad + 12 * k), color)
         pix = [to_px(x, y) for x, y in points]
-        for p, q in zip(pix, pix[1:]):
+        for p, q in zip(pix, pix[1:], strict=False):
             line(p, q, color)
     raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in img)
 
@@ -164,8 +182,9 @@ def _plot_builtin(path, series, logx, width=800, height=500):
         body = kind + data
         return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
 
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2,
-                                                             0, 0, 0))
+    png = b"\x89PNG\r\n\x1a\n" + chunk(
+        b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    )
     png += chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
     with open(path, "wb") as f:
         f.write(png)

@@ -28,8 +28,10 @@ def calls_for(n):
 
 def allocating_add(results):
     print("\n1. allocating add c = add(a, b), per call (wall, queued work included)")
-    print(f"  {'dtype':9} {'n':>6} {'torch':>10} {'cupy':>10} {'cubridge':>10}  "
-          "cubridge/torch  cubridge/cupy")
+    print(
+        f"  {'dtype':9} {'n':>6} {'torch':>10} {'cupy':>10} {'cubridge':>10}  "
+        "cubridge/torch  cubridge/cupy"
+    )
     cases = [("float32", k) for k in range(10, 27, 2)]
     cases += [(d, k) for d in ("float16", "bfloat16") for k in (20, 24)]
     for dtype, k in cases:
@@ -37,8 +39,7 @@ def allocating_add(results):
         a = torch.randn(n, device="cuda").to(getattr(torch, dtype))
         b = torch.randn(n, device="cuda").to(getattr(torch, dtype))
         torch.testing.assert_close(torch.from_dlpack(cb.add(a, b)), a + b)
-        fns = {"torch": lambda a=a, b=b: torch.add(a, b),
-               "cubridge": lambda a=a, b=b: cb.add(a, b)}
+        fns = {"torch": lambda a=a, b=b: torch.add(a, b), "cubridge": lambda a=a, b=b: cb.add(a, b)}
         if dtype != "bfloat16":
             ca, cb_ = cp.from_dlpack(a), cp.from_dlpack(b)
             fns["cupy"] = lambda ca=ca, cb_=cb_: cp.add(ca, cb_)
@@ -49,8 +50,10 @@ def allocating_add(results):
         results.append(row)
         cupy_s = f"{t['cupy'] * 1e6:8.1f}us" if "cupy" in t else f"{'-':>10}"
         vs_cupy = f"{row['vs_cupy']:.2f}x" if "vs_cupy" in row else "-"
-        print(f"  {dtype:9} 2^{k:<4} {t['torch'] * 1e6:8.1f}us {cupy_s} "
-              f"{t['cubridge'] * 1e6:8.1f}us  {row['vs_torch']:13.2f}x  {vs_cupy:>12}")
+        print(
+            f"  {dtype:9} 2^{k:<4} {t['torch'] * 1e6:8.1f}us {cupy_s} "
+            f"{t['cubridge'] * 1e6:8.1f}us  {row['vs_torch']:13.2f}x  {vs_cupy:>12}"
+        )
         del a, b
         gc.collect()
 
@@ -68,21 +71,30 @@ def chain(results):
         return y
 
     torch.testing.assert_close(torch.from_dlpack(run(xb)), run(xt))
-    t = interleaved({"torch": lambda: run(xt), "cupy": lambda: run(xc),
-                     "cubridge": lambda: run(xb)}, 500)
-    row = {"case": "8 chained + on 2^20 float32", **t, "vs_torch": t["cubridge"] / t["torch"],
-           "vs_cupy": t["cubridge"] / t["cupy"]}
+    t = interleaved(
+        {"torch": lambda: run(xt), "cupy": lambda: run(xc), "cubridge": lambda: run(xb)}, 500
+    )
+    row = {
+        "case": "8 chained + on 2^20 float32",
+        **t,
+        "vs_torch": t["cubridge"] / t["torch"],
+        "vs_cupy": t["cubridge"] / t["cupy"],
+    }
     results.append(row)
     print("\n2. eight chained y = y + x, 2^20 float32, per chain")
-    print(f"  torch {t['torch'] * 1e6:.1f} us, cupy {t['cupy'] * 1e6:.1f} us, cubridge "
-          f"{t['cubridge'] * 1e6:.1f} us: {row['vs_torch']:.2f}x torch, "
-          f"{row['vs_cupy']:.2f}x cupy (goal <= 1.0x torch)")
+    print(
+        f"  torch {t['torch'] * 1e6:.1f} us, cupy {t['cupy'] * 1e6:.1f} us, cubridge "
+        f"{t['cubridge'] * 1e6:.1f} us: {row['vs_torch']:.2f}x torch, "
+        f"{row['vs_cupy']:.2f}x cupy (goal <= 1.0x torch)"
+    )
 
 
 def creation(results):
     print("\n3. creation on the GPU, per call")
-    print(f"  {'call':6} {'n':>6} {'torch':>10} {'cupy':>10} {'cubridge':>10}  "
-          "cubridge/torch  cubridge/cupy")
+    print(
+        f"  {'call':6} {'n':>6} {'torch':>10} {'cupy':>10} {'cubridge':>10}  "
+        "cubridge/torch  cubridge/cupy"
+    )
     for name in ("zeros", "empty"):
         for k in (10, 20, 24):
             n = 1 << k
@@ -93,12 +105,19 @@ def creation(results):
                 "cubridge": lambda f=f_cb, n=n: f((n,), device="cuda"),
             }
             t = interleaved(fns, calls_for(n))
-            row = {"call": name, "n": n, **t, "vs_torch": t["cubridge"] / t["torch"],
-                   "vs_cupy": t["cubridge"] / t["cupy"]}
+            row = {
+                "call": name,
+                "n": n,
+                **t,
+                "vs_torch": t["cubridge"] / t["torch"],
+                "vs_cupy": t["cubridge"] / t["cupy"],
+            }
             results.append(row)
-            print(f"  {name:6} 2^{k:<4} {t['torch'] * 1e6:8.1f}us {t['cupy'] * 1e6:8.1f}us "
-                  f"{t['cubridge'] * 1e6:8.1f}us  {row['vs_torch']:13.2f}x  "
-                  f"{row['vs_cupy']:12.2f}x")
+            print(
+                f"  {name:6} 2^{k:<4} {t['torch'] * 1e6:8.1f}us {t['cupy'] * 1e6:8.1f}us "
+                f"{t['cubridge'] * 1e6:8.1f}us  {row['vs_torch']:13.2f}x  "
+                f"{row['vs_cupy']:12.2f}x"
+            )
     z = torch.from_dlpack(cb.zeros((1 << 20,), device="cuda"))
     assert not z.any()
 
@@ -116,38 +135,77 @@ def host_blocking(results):
         def fn():
             x = make()
             del x
+
         return fn
 
     def in_stream(fn):
         def run():
             with torch.cuda.stream(torch.cuda.Stream()):
                 return fn()
+
         return run
 
     rows = [
-        ("empty(2^22)", lambda: torch.empty(n, device="cuda"),
-         lambda: cp.empty(n, dtype=cp.float32), lambda: cb.empty((n,), device="cuda")),
-        ("zeros(2^22)", lambda: torch.zeros(n, device="cuda"),
-         lambda: cp.zeros(n, dtype=cp.float32), lambda: cb.zeros((n,), device="cuda")),
-        ("add(a, b) allocating", lambda: torch.add(t, u), lambda: cp.add(ct, ct),
-         lambda: cb.add(t, u)),
-        ("add(a, b) in torch.cuda.stream", in_stream(lambda: torch.add(t, u)), None,
-         in_stream(lambda: cb.add(t, u))),
-        ("drop a new array", drop(lambda: torch.empty(n, device="cuda")),
-         drop(lambda: cp.empty(n, dtype=cp.float32)), drop(lambda: cb.empty((n,), device="cuda"))),
-        ("empty(2^20) pinned", lambda: torch.empty(1 << 20, pin_memory=True),
-         lambda: cp.cuda.alloc_pinned_memory(4 << 20),
-         lambda: cb.empty((1 << 20,), device="cuda_host")),
-        ("drop a pinned array", drop(lambda: torch.empty(1 << 20, pin_memory=True)),
-         drop(lambda: cp.cuda.alloc_pinned_memory(4 << 20)),
-         drop(lambda: cb.empty((1 << 20,), device="cuda_host"))),
-        ("empty(2^20) managed", None, lambda: cp.cuda.malloc_managed(4 << 20),
-         lambda: cb.empty((1 << 20,), device="cuda_managed")),
-        ("drop a managed array", None, drop(lambda: cp.cuda.malloc_managed(4 << 20)),
-         drop(lambda: cb.empty((1 << 20,), device="cuda_managed"))),
-        ("drop an exported array", drop(lambda: torch.utils.dlpack.to_dlpack(
-            torch.empty(n, device="cuda"))), drop(lambda: cp.empty(n, dtype=cp.float32).toDlpack()),
-         drop(lambda: torch.from_dlpack(cb.empty((n,), device="cuda")))),
+        (
+            "empty(2^22)",
+            lambda: torch.empty(n, device="cuda"),
+            lambda: cp.empty(n, dtype=cp.float32),
+            lambda: cb.empty((n,), device="cuda"),
+        ),
+        (
+            "zeros(2^22)",
+            lambda: torch.zeros(n, device="cuda"),
+            lambda: cp.zeros(n, dtype=cp.float32),
+            lambda: cb.zeros((n,), device="cuda"),
+        ),
+        (
+            "add(a, b) allocating",
+            lambda: torch.add(t, u),
+            lambda: cp.add(ct, ct),
+            lambda: cb.add(t, u),
+        ),
+        (
+            "add(a, b) in torch.cuda.stream",
+            in_stream(lambda: torch.add(t, u)),
+            None,
+            in_stream(lambda: cb.add(t, u)),
+        ),
+        (
+            "drop a new array",
+            drop(lambda: torch.empty(n, device="cuda")),
+            drop(lambda: cp.empty(n, dtype=cp.float32)),
+            drop(lambda: cb.empty((n,), device="cuda")),
+        ),
+        (
+            "empty(2^20) pinned",
+            lambda: torch.empty(1 << 20, pin_memory=True),
+            lambda: cp.cuda.alloc_pinned_memory(4 << 20),
+            lambda: cb.empty((1 << 20,), device="cuda_host"),
+        ),
+        (
+            "drop a pinned array",
+            drop(lambda: torch.empty(1 << 20, pin_memory=True)),
+            drop(lambda: cp.cuda.alloc_pinned_memory(4 << 20)),
+            drop(lambda: cb.empty((1 << 20,), device="cuda_host")),
+        ),
+        (
+            "empty(2^20) managed",
+            None,
+            lambda: cp.cuda.malloc_managed(4 << 20),
+            lambda: cb.empty((1 << 20,), device="cuda_managed"),
+        ),
+        (
+            "drop a managed array",
+            None,
+            drop(lambda: cp.cuda.malloc_managed(4 << 20)),
+            drop(lambda: cb.empty((1 << 20,), device="cuda_managed")),
+        ),
+        (
+            "drop an exported array",
+            drop(lambda: torch.utils.dlpack.to_dlpack(torch.empty(n, device="cuda"))),
+            drop(lambda: cp.empty(n, dtype=cp.float32).toDlpack()),
+            drop(lambda: torch.from_dlpack(cb.empty((n,), device="cuda"))),
+        ),
     ]
     for _, *fns in rows:
         for fn in fns:

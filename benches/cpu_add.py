@@ -10,9 +10,8 @@ import platform
 import statistics
 import time
 
-import numpy as np
-
 import cubridge as cb
+import numpy as np
 
 
 def median_seconds(fn, repeat):

@@ -12,10 +12,9 @@ cubridge result is checked against torch's before its time is kept.
 import argparse
 import os
 
+import cubridge as cb
 import cupy as cp
 import torch
-
-import cubridge as cb
 from _common import GpuTimer, header, plot, save_json, versions
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -53,8 +52,10 @@ def main():
     print(header(info))
     timer = GpuTimer(torch)
     rows, series = [], {}
-    print(f"\n{'dtype':9} {'layout':10} {'n':>6} {'torch GB/s':>10} {'cupy GB/s':>10} "
-          f"{'cubridge GB/s':>13} {'vs torch':>8} {'vs cupy':>8}")
+    print(
+        f"\n{'dtype':9} {'layout':10} {'n':>6} {'torch GB/s':>10} {'cupy GB/s':>10} "
+        f"{'cubridge GB/s':>13} {'vs torch':>8} {'vs cupy':>8}"
+    )
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
         for layout in ["contiguous", "transposed"]:
@@ -64,9 +65,9 @@ def main():
                 reference = torch.add(a, b)
                 ca, cb_, cc = cp.from_dlpack(a), cp.from_dlpack(b), cp.from_dlpack(c)
                 impls = {
-                    "torch": lambda: torch.add(a, b, out=c),
-                    "cupy": lambda: cp.add(ca, cb_, out=cc),
-                    "cubridge": lambda: cb.add(a, b, out=c),
+                    "torch": lambda a=a, b=b, c=c: torch.add(a, b, out=c),
+                    "cupy": lambda ca=ca, cb_=cb_, cc=cc: cp.add(ca, cb_, out=cc),
+                    "cubridge": lambda a=a, b=b, c=c: cb.add(a, b, out=c),
                 }
                 if dtype == torch.bfloat16:
                     impls.pop("cupy")  # CuPy has no bfloat16
@@ -80,14 +81,23 @@ def main():
                         raise SystemExit(f"{name} gave a wrong result: {dname} {layout} 2^{k}")
                     t[name] = timer.time(fn, r)
                 gbs = {name: 3 * n * a.element_size() / s / 1e9 for name, s in t.items()}
-                row = {"dtype": dname, "layout": layout, "log2n": k, "seconds": t, "GBps": gbs,
-                       "vs_torch": t["torch"] / t["cubridge"],
-                       "vs_cupy": t["cupy"] / t["cubridge"] if "cupy" in t else None}
+                row = {
+                    "dtype": dname,
+                    "layout": layout,
+                    "log2n": k,
+                    "seconds": t,
+                    "GBps": gbs,
+                    "vs_torch": t["torch"] / t["cubridge"],
+                    "vs_cupy": t["cupy"] / t["cubridge"] if "cupy" in t else None,
+                }
                 rows.append(row)
                 vs_cupy = f"{row['vs_cupy']:8.2f}" if row["vs_cupy"] else f"{'-':>8}"
-                print(f"{dname:9} {layout:10} {'2^' + str(k):>6} {gbs['torch']:10.0f} "
-                      f"{gbs.get('cupy', 0):10.0f} {gbs['cubridge']:13.0f} "
-                      f"{row['vs_torch']:8.2f} {vs_cupy}", flush=True)
+                print(
+                    f"{dname:9} {layout:10} {'2^' + str(k):>6} {gbs['torch']:10.0f} "
+                    f"{gbs.get('cupy', 0):10.0f} {gbs['cubridge']:13.0f} "
+                    f"{row['vs_torch']:8.2f} {vs_cupy}",
+                    flush=True,
+                )
                 for name, v in gbs.items():
                     series.setdefault(f"{name} {dname} {layout}", []).append((n, v))
                 del a, b, c, ca, cb_, cc, reference
@@ -96,13 +106,20 @@ def main():
     for dname in args.dtypes.split(","):
         for k in range(args.min_log2n, args.max_log2n + 1, args.step):
             pick = {r["layout"]: r for r in rows if r["dtype"] == dname and r["log2n"] == k}
-            ratio = pick["contiguous"]["seconds"]["cubridge"] / pick["transposed"]["seconds"][
-                "cubridge"]
+            ratio = (
+                pick["contiguous"]["seconds"]["cubridge"]
+                / pick["transposed"]["seconds"]["cubridge"]
+            )
             print(f"  {dname:9} 2^{k:<3} {ratio:.2f}")
     os.makedirs(args.out, exist_ok=True)
     save_json(os.path.join(args.out, "cuda_add.json"), {"info": info, "rows": rows})
-    plot(os.path.join(args.out, "cuda_add.png"), "add throughput (two reads + one write)",
-         "elements", "GB/s", series)
+    plot(
+        os.path.join(args.out, "cuda_add.png"),
+        "add throughput (two reads + one write)",
+        "elements",
+        "GB/s",
+        series,
+    )
 
 
 if __name__ == "__main__":

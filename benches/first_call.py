@@ -42,8 +42,9 @@ print(json.dumps({"launch": t1 - t0, "done": t2 - t0}))
 
 def child(cache, layout="contiguous"):
     env = dict(os.environ, CUBRIDGE_CACHE_DIR=cache)
-    out = subprocess.run([sys.executable, "-c", CHILD, layout], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, layout], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -62,17 +63,26 @@ def main():
         with tempfile.TemporaryDirectory() as cache:
             cold_t.append(child(cache, "transposed"))
     med = lambda xs, k: statistics.median(x[k] for x in xs) * 1e3  # noqa: E731
-    print(f"\nfirst cubridge.add (float16 + float32, 2^20 elements), median of {args.runs} "
-          "processes")
-    print(f"  cold cache: {med(cold, 'launch'):7.2f} ms to launch, {med(cold, 'done'):7.2f} ms "
-          "to done (goal <= 100 ms)")
-    print(f"  warm cache: {med(warm, 'launch'):7.2f} ms to launch, {med(warm, 'done'):7.2f} ms "
-          "to done (goal <= 5 ms to launch)")
-    print(f"  cold cache, transposed input (1024 x 1024): {med(cold_t, 'launch'):7.2f} ms to "
-          f"launch, {med(cold_t, 'done'):7.2f} ms to done")
+    print(
+        f"\nfirst cubridge.add (float16 + float32, 2^20 elements), median of {args.runs} processes"
+    )
+    print(
+        f"  cold cache: {med(cold, 'launch'):7.2f} ms to launch, {med(cold, 'done'):7.2f} ms "
+        "to done (goal <= 100 ms)"
+    )
+    print(
+        f"  warm cache: {med(warm, 'launch'):7.2f} ms to launch, {med(warm, 'done'):7.2f} ms "
+        "to done (goal <= 5 ms to launch)"
+    )
+    print(
+        f"  cold cache, transposed input (1024 x 1024): {med(cold_t, 'launch'):7.2f} ms to "
+        f"launch, {med(cold_t, 'done'):7.2f} ms to done"
+    )
     os.makedirs(args.out, exist_ok=True)
-    save_json(os.path.join(args.out, "first_call.json"),
-              {"info": info, "cold": cold, "warm": warm, "cold_transposed": cold_t})
+    save_json(
+        os.path.join(args.out, "first_call.json"),
+        {"info": info, "cold": cold, "warm": warm, "cold_transposed": cold_t},
+    )
 
 
 if __name__ == "__main__":

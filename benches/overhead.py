@@ -42,11 +42,13 @@ def attribution(a, b, c, calls):
     parts = {}
     va, vb, vc = cb.from_dlpack(a), cb.from_dlpack(b), cb.from_dlpack(c)
     parts["cubridge.add on cubridge views (no import)"] = per_call(
-        lambda: cb.add(va, vb, out=vc), calls)
+        lambda: cb.add(va, vb, out=vc), calls
+    )
     cuda = ctypes.CDLL("libcuda.so.1")
     ctx = ctypes.c_void_p()
     parts["ctypes: cuCtxGetCurrent (the ctypes cost itself)"] = per_call(
-        lambda: cuda.cuCtxGetCurrent(ctypes.byref(ctx)), calls)
+        lambda: cuda.cuCtxGetCurrent(ctypes.byref(ctx)), calls
+    )
     module, fn, ev = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
     assert cuda.cuModuleLoadData(ctypes.byref(module), NOOP_PTX) == 0
     assert cuda.cuModuleGetFunction(ctypes.byref(fn), module, b"noop") == 0
@@ -54,14 +56,17 @@ def attribution(a, b, c, calls):
     null = ctypes.c_void_p()
     legacy = ctypes.c_void_p(1)  # CU_STREAM_LEGACY
     parts["ctypes: cuLaunchKernel, empty kernel, stream CU_STREAM_LEGACY"] = per_call(
-        lambda: cuda.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, legacy, null, null), calls)
+        lambda: cuda.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, legacy, null, null), calls
+    )
     parts["ctypes: cuLaunchKernel, empty kernel, stream NULL"] = per_call(
-        lambda: cuda.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, null, null, null), calls)
+        lambda: cuda.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, null, null, null), calls
+    )
     parts["ctypes: cuEventRecord"] = per_call(lambda: cuda.cuEventRecord(ev, legacy), calls)
     parts["ctypes: cuEventQuery"] = per_call(lambda: cuda.cuEventQuery(ev), calls)
     side = torch.cuda.Stream()
     parts["ctypes: cuStreamWaitEvent"] = per_call(
-        lambda: cuda.cuStreamWaitEvent(ctypes.c_void_p(side.cuda_stream), ev, 0), calls)
+        lambda: cuda.cuStreamWaitEvent(ctypes.c_void_p(side.cuda_stream), ev, 0), calls
+    )
     parts["cubridge.from_dlpack(torch tensor)"] = per_call(lambda: cb.from_dlpack(a), calls)
     return parts
 
@@ -82,22 +87,30 @@ def main():
     cb.add(a, b, out=c)
     torch.cuda.synchronize()
     assert torch.equal(c, a + b)
-    add = interleaved({
-        "torch.add(a, b, out=c)": lambda: torch.add(a, b, out=c),
-        "cupy.add(a, b, out=c)": lambda: cp.add(ca, cb_, out=cc),
-        "cubridge.add(a, b, out=c)": lambda: cb.add(a, b, out=c),
-    }, n)
+    add = interleaved(
+        {
+            "torch.add(a, b, out=c)": lambda: torch.add(a, b, out=c),
+            "cupy.add(a, b, out=c)": lambda: cp.add(ca, cb_, out=cc),
+            "cubridge.add(a, b, out=c)": lambda: cb.add(a, b, out=c),
+        },
+        n,
+    )
     print(f"\nsmall-call overhead, 1024 float32 elements, {n} calls a round")
     for k, v in add.items():
         print(f"  {k:28} {v * 1e6:7.2f} us")
     t_torch = add["torch.add(a, b, out=c)"]
-    print(f"  cubridge / torch time: {add['cubridge.add(a, b, out=c)'] / t_torch:.2f}x "
-          "(goal <= 1.0, target 0.5)")
+    print(
+        f"  cubridge / torch time: {add['cubridge.add(a, b, out=c)'] / t_torch:.2f}x "
+        "(goal <= 1.0, target 0.5)"
+    )
 
-    scalar = interleaved({
-        "torch.add(a, 1.5, out=c)": lambda: torch.add(a, 1.5, out=c),
-        "cubridge.add(a, 1.5, out=c)": lambda: cb.add(a, 1.5, out=c),
-    }, n)
+    scalar = interleaved(
+        {
+            "torch.add(a, 1.5, out=c)": lambda: torch.add(a, 1.5, out=c),
+            "cubridge.add(a, 1.5, out=c)": lambda: cb.add(a, 1.5, out=c),
+        },
+        n,
+    )
     torch.cuda.synchronize()
     assert torch.equal(c, a + 1.5)
     print("\nwith a Python scalar operand")
@@ -119,30 +132,57 @@ def main():
     assert cp.asarray(x).data.ptr == x.__cuda_array_interface__["data"][0]
     assert cb.from_dlpack(t).__cuda_array_interface__["data"][0] == t.data_ptr()
     pairs = [
-        ("torch.from_dlpack(cubridge)", lambda: torch.from_dlpack(x),
-         "torch.from_dlpack(cupy)", lambda: torch.from_dlpack(y)),
-        ("cupy.asarray(cubridge)", lambda: cp.asarray(x),
-         "cupy.asarray(torch)", lambda: cp.asarray(t)),
-        ("cubridge.from_dlpack(torch)", lambda: cb.from_dlpack(t),
-         "torch.utils.dlpack.from_dlpack(t.__dlpack__())",
-         lambda: torch.utils.dlpack.from_dlpack(t.__dlpack__())),
+        (
+            "torch.from_dlpack(cubridge)",
+            lambda: torch.from_dlpack(x),
+            "torch.from_dlpack(cupy)",
+            lambda: torch.from_dlpack(y),
+        ),
+        (
+            "cupy.asarray(cubridge)",
+            lambda: cp.asarray(x),
+            "cupy.asarray(torch)",
+            lambda: cp.asarray(t),
+        ),
+        (
+            "cubridge.from_dlpack(torch)",
+            lambda: cb.from_dlpack(t),
+            "torch.utils.dlpack.from_dlpack(t.__dlpack__())",
+            lambda: torch.utils.dlpack.from_dlpack(t.__dlpack__()),
+        ),
     ]
     exchange = []
     print(f"\nexchange, per call ({n} calls a round)")
     for ours, f_ours, peer, f_peer in pairs:
         timing = interleaved({"ours": f_ours, "peer": f_peer}, n)
         t_ours, t_peer = timing["ours"], timing["peer"]
-        exchange.append({"ours": ours, "peer": peer, "ours_s": t_ours, "peer_s": t_peer,
-                         "ratio": t_ours / t_peer})
-        print(f"  {ours:30} {t_ours * 1e6:7.2f} us   {peer:48} {t_peer * 1e6:7.2f} us   "
-              f"ratio {t_ours / t_peer:.2f}x (goal <= 1.0)")
+        exchange.append(
+            {
+                "ours": ours,
+                "peer": peer,
+                "ours_s": t_ours,
+                "peer_s": t_peer,
+                "ratio": t_ours / t_peer,
+            }
+        )
+        print(
+            f"  {ours:30} {t_ours * 1e6:7.2f} us   {peer:48} {t_peer * 1e6:7.2f} us   "
+            f"ratio {t_ours / t_peer:.2f}x (goal <= 1.0)"
+        )
     os.makedirs(args.out, exist_ok=True)
-    save_json(os.path.join(args.out, "overhead.json"),
-              {"info": info, "add": add, "scalar": scalar, "exchange": exchange,
-               "attribution": parts})
+    save_json(
+        os.path.join(args.out, "overhead.json"),
+        {"info": info, "add": add, "scalar": scalar, "exchange": exchange, "attribution": parts},
+    )
     series = {k: [(1, v * 1e6), (2, v * 1e6)] for k, v in add.items()}
-    plot(os.path.join(args.out, "overhead.png"), "per-call time, 1024 elements", "", "us",
-         series, logx=False)
+    plot(
+        os.path.join(args.out, "overhead.png"),
+        "per-call time, 1024 elements",
+        "",
+        "us",
+        series,
+        logx=False,
+    )
 
 
 if __name__ == "__main__":

@@ -2,9 +2,8 @@
 the result goes back out through DLPack, sharing memory. Runs on CUDA when it is available, on
 the CPU otherwise."""
 
-import numpy as np
-
 import cubridge as cb
+import numpy as np
 
 try:
     import torch

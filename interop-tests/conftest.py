@@ -9,11 +9,10 @@ import os
 import subprocess
 import sys
 
+import cubridge as cb
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
-
-import cubridge as cb
 
 
 def run_child(code, env=None):
@@ -48,6 +47,13 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.register_profile("slow", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(factor):
+    """Examples for a property that deserves `factor` times the profile's count (the fuzzers of
+    untrusted descriptors): profiles shorten or lengthen them like every other property."""
+    return settings.default.max_examples * factor
+
 
 # All 15 dtypes; numpy has all but bfloat16.
 ALL_DTYPES = [

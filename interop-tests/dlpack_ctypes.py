@@ -144,16 +144,31 @@ class DLPackExchangeAPIHeader(ctypes.Structure):
 class DLPackExchangeAPI(ctypes.Structure):
     _fields_ = [
         ("header", DLPackExchangeAPIHeader),
-        ("managed_tensor_allocator", ctypes.CFUNCTYPE(
-            ctypes.c_int, ctypes.POINTER(DLTensor), ctypes.POINTER(_MANAGED_P), ctypes.c_void_p,
-            SET_ERROR)),
-        ("managed_tensor_from_py_object_no_sync", ctypes.PYFUNCTYPE(
-            ctypes.c_int, ctypes.py_object, ctypes.POINTER(_MANAGED_P))),
-        ("managed_tensor_to_py_object_no_sync", ctypes.PYFUNCTYPE(
-            ctypes.c_int, _MANAGED_P, ctypes.POINTER(ctypes.py_object))),
+        (
+            "managed_tensor_allocator",
+            ctypes.CFUNCTYPE(
+                ctypes.c_int,
+                ctypes.POINTER(DLTensor),
+                ctypes.POINTER(_MANAGED_P),
+                ctypes.c_void_p,
+                SET_ERROR,
+            ),
+        ),
+        (
+            "managed_tensor_from_py_object_no_sync",
+            ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(_MANAGED_P)),
+        ),
+        (
+            "managed_tensor_to_py_object_no_sync",
+            ctypes.PYFUNCTYPE(ctypes.c_int, _MANAGED_P, ctypes.POINTER(ctypes.py_object)),
+        ),
         ("dltensor_from_py_object_no_sync", ctypes.c_void_p),
-        ("current_work_stream", ctypes.CFUNCTYPE(
-            ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))),
+        (
+            "current_work_stream",
+            ctypes.CFUNCTYPE(
+                ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p)
+            ),
+        ),
     ]
 
 

@@ -210,7 +210,9 @@ def cells():
     out = []
     out += _transfers("dtypes", DTYPES, ["contiguous"], ["cpu", "cuda:0"])
     out += _transfers("layouts", LAYOUT_DTYPES, LAYOUTS, ["cpu", "cuda:0"])
-    out += _transfers("devices", ["float32"], ["contiguous"], ["cuda:1", "cuda_host", "cuda_managed"])
+    out += _transfers(
+        "devices", ["float32"], ["contiguous"], ["cuda:1", "cuda_host", "cuda_managed"]
+    )
     cuda_libs = ["cubridge", "torch", "cupy", "numba", "jax"]
     for mode in STREAM_MODES:
         for p in cuda_libs:
@@ -218,18 +220,63 @@ def cells():
                 for proto in ["dlpack-versioned", "cai"]:
                     if mode == "none" and proto == "cai":
                         continue  # -1 ("no ordering") is a DLPack request
-                    out.append(Cell("stream", "streams", p, c, proto, "float32", "contiguous", "cuda:0", mode))
+                    out.append(
+                        Cell(
+                            "stream",
+                            "streams",
+                            p,
+                            c,
+                            proto,
+                            "float32",
+                            "contiguous",
+                            "cuda:0",
+                            mode,
+                        )
+                    )
     for device, libs in [("cpu", ["cubridge", "numpy", "torch", "jax"]), ("cuda:0", cuda_libs)]:
         for x in libs:
             for y in libs:
                 for z in libs:
-                    out.append(Cell("add", "add-producers", f"{x},{y},{z}", "cubridge", "-", "float32", "contiguous", device))
+                    out.append(
+                        Cell(
+                            "add",
+                            "add-producers",
+                            f"{x},{y},{z}",
+                            "cubridge",
+                            "-",
+                            "float32",
+                            "contiguous",
+                            device,
+                        )
+                    )
         for p in libs:
             z = "cubridge" if p == "jax" else p
             for dtype in DTYPES:
-                out.append(Cell("add", "add-dtypes", f"{p},{p},{z}", "cubridge", "-", dtype, "contiguous", device))
+                out.append(
+                    Cell(
+                        "add",
+                        "add-dtypes",
+                        f"{p},{p},{z}",
+                        "cubridge",
+                        "-",
+                        dtype,
+                        "contiguous",
+                        device,
+                    )
+                )
             for layout in LAYOUTS:
-                out.append(Cell("add", "add-layouts", f"{p},{p},{z}", "cubridge", "-", "float32", layout, device))
+                out.append(
+                    Cell(
+                        "add",
+                        "add-layouts",
+                        f"{p},{p},{z}",
+                        "cubridge",
+                        "-",
+                        "float32",
+                        layout,
+                        device,
+                    )
+                )
     return out
 
 
@@ -303,104 +350,346 @@ CAI = "the CUDA array interface"
 CAI_BF16 = "numpy typestrs have no bfloat16: it is refused, or sent as raw '<V2' bytes"
 LIMITS = [
     # numpy
-    Limit("numpy", "numpy", "producer", ("BufferError",), "DLPack only supports",
-          "numpy's DLPack export has no bfloat16", _dtype_is("bfloat16")),
-    Limit("numpy", "numpy", "consumer", ("RuntimeError", "BufferError"), "Unsupported dtype",
-          "numpy has no bfloat16", _dtype_is("bfloat16")),
-    Limit("numpy", "numpy", "consumer", ("BufferError", "RuntimeError"), "[Uu]nsupported device",
-          "numpy reads DLPack host memory of device types 1, 3 and 13 only"),
-    Limit("numpy", "cubridge", "consumer", ("BufferError",), "DLPack only supports",
-          "numpy's DLPack export has no bfloat16", _dtype_is("bfloat16")),
+    Limit(
+        "numpy",
+        "numpy",
+        "producer",
+        ("BufferError",),
+        "DLPack only supports",
+        "numpy's DLPack export has no bfloat16",
+        _dtype_is("bfloat16"),
+    ),
+    Limit(
+        "numpy",
+        "numpy",
+        "consumer",
+        ("RuntimeError", "BufferError"),
+        "Unsupported dtype",
+        "numpy has no bfloat16",
+        _dtype_is("bfloat16"),
+    ),
+    Limit(
+        "numpy",
+        "numpy",
+        "consumer",
+        ("BufferError", "RuntimeError"),
+        "[Uu]nsupported device",
+        "numpy reads DLPack host memory of device types 1, 3 and 13 only",
+    ),
+    Limit(
+        "numpy",
+        "cubridge",
+        "consumer",
+        ("BufferError",),
+        "DLPack only supports",
+        "numpy's DLPack export has no bfloat16",
+        _dtype_is("bfloat16"),
+    ),
     # the buffer protocol and the CUDA array interface
-    Limit("the buffer protocol", "numpy", "producer", ("ValueError",), "cannot include dtype",
-          "PEP 3118 has no bfloat16 format", _dtype_is("bfloat16")),
-    Limit("the buffer protocol", "cubridge", "producer", ("BufferError",), "bfloat16",
-          "PEP 3118 has no bfloat16 format", _dtype_is("bfloat16")),
-    Limit("the buffer protocol", "jax", "producer", ("BufferError", "Exception"), "BF16",
-          "PEP 3118 has no bfloat16 format", _dtype_is("bfloat16")),
-    Limit(CAI, "cubridge", "producer", ("AttributeError",), "no typestr for bfloat16",
-          CAI_BF16, _dtype_is("bfloat16")),
-    Limit(CAI, "cubridge", "consumer", ("TypeError",), 'typestr "<V2"', CAI_BF16,
-          _dtype_is("bfloat16")),
+    Limit(
+        "the buffer protocol",
+        "numpy",
+        "producer",
+        ("ValueError",),
+        "cannot include dtype",
+        "PEP 3118 has no bfloat16 format",
+        _dtype_is("bfloat16"),
+    ),
+    Limit(
+        "the buffer protocol",
+        "cubridge",
+        "producer",
+        ("BufferError",),
+        "bfloat16",
+        "PEP 3118 has no bfloat16 format",
+        _dtype_is("bfloat16"),
+    ),
+    Limit(
+        "the buffer protocol",
+        "jax",
+        "producer",
+        ("BufferError", "Exception"),
+        "BF16",
+        "PEP 3118 has no bfloat16 format",
+        _dtype_is("bfloat16"),
+    ),
+    Limit(
+        CAI,
+        "cubridge",
+        "producer",
+        ("AttributeError",),
+        "no typestr for bfloat16",
+        CAI_BF16,
+        _dtype_is("bfloat16"),
+    ),
+    Limit(
+        CAI,
+        "cubridge",
+        "consumer",
+        ("TypeError",),
+        'typestr "<V2"',
+        CAI_BF16,
+        _dtype_is("bfloat16"),
+    ),
     Limit(CAI, "torch", "consumer", ("TypeError",), "numpy.void", CAI_BF16, _dtype_is("bfloat16")),
     Limit(CAI, "cupy", "consumer", ("WrongDtype",), "", CAI_BF16, _dtype_is("bfloat16")),
     Limit(CAI, "numba", "consumer", ("WrongDtype",), "", CAI_BF16, _dtype_is("bfloat16")),
     # torch
-    Limit("torch", "torch", "producer", ("RuntimeError",), "[Nn]egative strides",
-          "torch tensors cannot have negative strides", _layout_is("negative")),
-    Limit("torch", "torch", "consumer", ("RuntimeError", "BufferError", "ValueError"),
-          "[Nn]egative strides|[Ss]torage size calculation overflowed",
-          "torch tensors cannot have negative strides (torch.from_dlpack is not handed such a "
-          "descriptor: torch 2.11 aborts the process on one; torch.as_strided's error stands "
-          "for it)", _layout_is("negative")),
-    Limit("torch", "torch", "producer", NOT_BUFFER_PROTOCOL, "bytes-like object is required",
-          "torch tensors do not implement the buffer protocol", _proto_is("buffer")),
-    Limit("torch", "torch", "consumer", ("WrongShape",), "",
-          "torch.asarray reads a buffer as flat bytes: the shape is lost", _proto_is("buffer")),
-    Limit("torch", "torch", "consumer", ("ValueError",), "buffer length \\(0\\)",
-          "torch.asarray refuses empty buffers", _proto_is("buffer")),
-    Limit("torch", "torch", "consumer", ("BufferError",), "Unsupported device_type: (3|13)",
-          "torch.from_dlpack reads neither pinned (3) nor managed (13) DLPack memory"),
-    Limit("torch", "torch", "consumer", ("NoStreamWait",), "",
-          "torch.as_tensor does not wait on a CUDA array interface's stream: it read the values "
-          "from before the producer's pending write", _proto_is("cai")),
-    Limit("torch", "torch", "producer", ("NoStream",), "",
-          "torch's CUDA array interface (version 2) has no stream: consumers cannot order after "
-          "work pending on a non-default stream", _proto_is("cai")),
-    Limit("torch", "torch", "consumer", ("ValueError",), "must be a multiple of element size",
-          "torch.asarray reads a buffer as flat bytes of its default dtype: the element type of "
-          "a 0-d buffer is lost", _proto_is("buffer")),
-    Limit("torch", "torch", "consumer", ("Copied",), "",
-          "torch.as_tensor copies managed memory handed over by the CUDA array interface",
-          lambda cell: cell.protocol == "cai" and cell.device == "cuda_managed"),
-    Limit("torch", "torch", "consumer", ("RuntimeError",), "could not retrieve (a contiguous )?buffer",
-          "torch.asarray reads only contiguous buffers", _proto_is("buffer")),
-    Limit("torch", "torch", "consumer", ("TypeError", "RuntimeError", "AttributeError"),
-          "invalid capsule|__dlpack__", "torch.from_dlpack does not read the C exchange table", _proto_is("exchange-table")),
+    Limit(
+        "torch",
+        "torch",
+        "producer",
+        ("RuntimeError",),
+        "[Nn]egative strides",
+        "torch tensors cannot have negative strides",
+        _layout_is("negative"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("RuntimeError", "BufferError", "ValueError"),
+        "[Nn]egative strides|[Ss]torage size calculation overflowed",
+        "torch tensors cannot have negative strides (torch.from_dlpack is not handed such a "
+        "descriptor: torch 2.11 aborts the process on one; torch.as_strided's error stands "
+        "for it)",
+        _layout_is("negative"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "producer",
+        NOT_BUFFER_PROTOCOL,
+        "bytes-like object is required",
+        "torch tensors do not implement the buffer protocol",
+        _proto_is("buffer"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("WrongShape",),
+        "",
+        "torch.asarray reads a buffer as flat bytes: the shape is lost",
+        _proto_is("buffer"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("ValueError",),
+        "buffer length \\(0\\)",
+        "torch.asarray refuses empty buffers",
+        _proto_is("buffer"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("BufferError",),
+        "Unsupported device_type: (3|13)",
+        "torch.from_dlpack reads neither pinned (3) nor managed (13) DLPack memory",
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("NoStreamWait",),
+        "",
+        "torch.as_tensor does not wait on a CUDA array interface's stream: it read the values "
+        "from before the producer's pending write",
+        _proto_is("cai"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "producer",
+        ("NoStream",),
+        "",
+        "torch's CUDA array interface (version 2) has no stream: consumers cannot order after "
+        "work pending on a non-default stream",
+        _proto_is("cai"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("ValueError",),
+        "must be a multiple of element size",
+        "torch.asarray reads a buffer as flat bytes of its default dtype: the element type of "
+        "a 0-d buffer is lost",
+        _proto_is("buffer"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("Copied",),
+        "",
+        "torch.as_tensor copies managed memory handed over by the CUDA array interface",
+        lambda cell: cell.protocol == "cai" and cell.device == "cuda_managed",
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("RuntimeError",),
+        "could not retrieve (a contiguous )?buffer",
+        "torch.asarray reads only contiguous buffers",
+        _proto_is("buffer"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("TypeError", "RuntimeError", "AttributeError"),
+        "invalid capsule|__dlpack__",
+        "torch.from_dlpack does not read the C exchange table",
+        _proto_is("exchange-table"),
+    ),
     # jax
-    Limit("jax", "jax", "producer", ("LegacyCapsule",), "",
-          "jax returns legacy capsules when asked for versioned ones", _proto_is("dlpack-versioned")),
-    Limit("jax", "jax", "consumer", ("Exception",), 'name "dltensor", got "dltensor_versioned"',
-          "jax reads legacy capsules only", _proto_is("dlpack-versioned")),
-    Limit("jax", "jax", "consumer", ("Copied",), "",
-          "jax copies host memory it is handed (alignment and layout rules of its CPU client)"),
-    Limit("jax", "jax", "consumer", ("Exception",), "trivial \\(compact\\) striding",
-          "jax reads only compact (transposed at most) DLPack strides",
-          _layout_is("negative", "broadcast", "sliced")),
-    Limit("jax", "jax", "consumer", ("TypeError",), "__dlpack__",
-          "jax.numpy.from_dlpack does not read the C exchange table", _proto_is("exchange-table")),
+    Limit(
+        "jax",
+        "jax",
+        "producer",
+        ("LegacyCapsule",),
+        "",
+        "jax returns legacy capsules when asked for versioned ones",
+        _proto_is("dlpack-versioned"),
+    ),
+    Limit(
+        "jax",
+        "jax",
+        "consumer",
+        ("Exception",),
+        'name "dltensor", got "dltensor_versioned"',
+        "jax reads legacy capsules only",
+        _proto_is("dlpack-versioned"),
+    ),
+    Limit(
+        "jax",
+        "jax",
+        "consumer",
+        ("Copied",),
+        "",
+        "jax copies host memory it is handed (alignment and layout rules of its CPU client)",
+    ),
+    Limit(
+        "jax",
+        "jax",
+        "consumer",
+        ("Exception",),
+        "trivial \\(compact\\) striding",
+        "jax reads only compact (transposed at most) DLPack strides",
+        _layout_is("negative", "broadcast", "sliced"),
+    ),
+    Limit(
+        "jax",
+        "jax",
+        "consumer",
+        ("TypeError",),
+        "__dlpack__",
+        "jax.numpy.from_dlpack does not read the C exchange table",
+        _proto_is("exchange-table"),
+    ),
 ]
 LIMITS += [
-    Limit("numba", "numba", "producer", ("NumbaNotImplementedError",), "bfloat16",
-          "numba has no bfloat16 dtype", _dtype_is("bfloat16")),
-    Limit("cupy", "cupy", "producer", ("TypeError",), "Accessing a CuPy",
-          "cupy arrays refuse the buffer protocol, managed memory included", _proto_is("buffer")),
-    Limit("numba", "cupy", "consumer", ("TypeError",), "CPU arrays cannot be directly imported",
-          "numba's managed arrays are numpy arrays whose DLPack says CPU, which cupy refuses"),
-    Limit("numba", "numba", "producer", ("AttributeError",), "row_stack",
-          "numba's device-array transpose calls numpy.row_stack, which numpy 2.4 removed",
-          _layout_is("transposed")),
-    Limit("numba", "numba", "consumer", ("NotImplementedError",), "negative strides",
-          "numba cannot copy a device array with negative strides to the host",
-          _layout_is("negative")),
-    Limit("cupy", "cubridge", "consumer", ("ValueError",), "extent overflows",
-          "cupy 14 writes negative strides wrongly into DLPack descriptors, which cubridge "
-          "refuses (cubridge reads cupy's CUDA array interface instead when it is offered)",
-          lambda cell: cell.producer == "cupy" and cell.layout == "negative"),
-    Limit("numba", "numba", "consumer", ("AttributeError",), "from_dlpack",
-          "numba reads only the CUDA array interface", _proto_is("dlpack-legacy", "dlpack-versioned")),
-    Limit("numba", "numba", "producer", ("AttributeError",), "__dlpack",
-          "numba device arrays offer no DLPack export", _proto_is("dlpack-legacy", "dlpack-versioned")),
+    Limit(
+        "numba",
+        "numba",
+        "producer",
+        ("NumbaNotImplementedError",),
+        "bfloat16",
+        "numba has no bfloat16 dtype",
+        _dtype_is("bfloat16"),
+    ),
+    Limit(
+        "cupy",
+        "cupy",
+        "producer",
+        ("TypeError",),
+        "Accessing a CuPy",
+        "cupy arrays refuse the buffer protocol, managed memory included",
+        _proto_is("buffer"),
+    ),
+    Limit(
+        "numba",
+        "cupy",
+        "consumer",
+        ("TypeError",),
+        "CPU arrays cannot be directly imported",
+        "numba's managed arrays are numpy arrays whose DLPack says CPU, which cupy refuses",
+    ),
+    Limit(
+        "numba",
+        "numba",
+        "producer",
+        ("AttributeError",),
+        "row_stack",
+        "numba's device-array transpose calls numpy.row_stack, which numpy 2.4 removed",
+        _layout_is("transposed"),
+    ),
+    Limit(
+        "numba",
+        "numba",
+        "consumer",
+        ("NotImplementedError",),
+        "negative strides",
+        "numba cannot copy a device array with negative strides to the host",
+        _layout_is("negative"),
+    ),
+    Limit(
+        "cupy",
+        "cubridge",
+        "consumer",
+        ("ValueError",),
+        "extent overflows",
+        "cupy 14 writes negative strides wrongly into DLPack descriptors, which cubridge "
+        "refuses (cubridge reads cupy's CUDA array interface instead when it is offered)",
+        lambda cell: cell.producer == "cupy" and cell.layout == "negative",
+    ),
+    Limit(
+        "numba",
+        "numba",
+        "consumer",
+        ("AttributeError",),
+        "from_dlpack",
+        "numba reads only the CUDA array interface",
+        _proto_is("dlpack-legacy", "dlpack-versioned"),
+    ),
+    Limit(
+        "numba",
+        "numba",
+        "producer",
+        ("AttributeError",),
+        "__dlpack",
+        "numba device arrays offer no DLPack export",
+        _proto_is("dlpack-legacy", "dlpack-versioned"),
+    ),
 ]
 for _lib in ("numpy", "jax", "cupy", "numba", "torch"):
     LIMITS.append(
-        Limit(_lib, _lib, "producer", ("AttributeError",), "__dlpack_c_exchange_api__",
-              f"{_lib} offers no C exchange table", _proto_is("exchange-table"))
+        Limit(
+            _lib,
+            _lib,
+            "producer",
+            ("AttributeError",),
+            "__dlpack_c_exchange_api__",
+            f"{_lib} offers no C exchange table",
+            _proto_is("exchange-table"),
+        )
     )
 for _lib in ("numpy", "cupy", "numba"):
     LIMITS.append(
-        Limit(_lib, _lib, "consumer", ("TypeError", "AttributeError", "ValueError"), "(?i)dlpack",
-              f"{_lib} does not read the C exchange table", _proto_is("exchange-table"))
+        Limit(
+            _lib,
+            _lib,
+            "consumer",
+            ("TypeError", "AttributeError", "ValueError"),
+            "(?i)dlpack",
+            f"{_lib} does not read the C exchange table",
+            _proto_is("exchange-table"),
+        )
     )
 assert not [lim for lim in LIMITS if lim.holder == "cubridge"]
 
@@ -466,7 +755,9 @@ class VersionedOnly(_Pinned):
             kwargs["copy"] = copy
         capsule = self._call(**kwargs)
         if capsule_name(capsule) != "dltensor_versioned":
-            self.producer_error = LegacyCapsule(f"asked for versioned, got {capsule_name(capsule)!r}")
+            self.producer_error = LegacyCapsule(
+                f"asked for versioned, got {capsule_name(capsule)!r}"
+            )
             raise self.producer_error
         return capsule
 

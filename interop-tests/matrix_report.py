@@ -45,7 +45,7 @@ def _version(dist):
 def environment():
     """The machine, its GPUs and the library versions, for the top of the report."""
     env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -272,7 +272,7 @@ def build(runs):
         out.append("")
         out.append(table("x, y", [(f"{x}, {y}", (x, y)) for x in libs for y in libs],
                          [(z, z) for z in libs],
-                         lambda rk, z: [c for c in adds if c.group == "add-producers"
+                         lambda rk, z, adds=adds: [c for c in adds if c.group == "add-producers"
                                         and c.producer == f"{rk[0]},{rk[1]},{z}"],
                          results, notes))  # fmt: skip
         out.append("")
@@ -282,7 +282,7 @@ def build(runs):
         cols = [(g, ("add-dtypes", ds)) for g, ds in DTYPE_GROUPS.items()]
         cols += [(lay, ("add-layouts", [lay])) for lay in m.LAYOUTS]
         out.append(table("producer", [(p, p) for p in libs], cols,
-                         lambda p, ck: [c for c in adds if c.group == ck[0]
+                         lambda p, ck, adds=adds: [c for c in adds if c.group == ck[0]
                                         and c.producer.startswith(p + ",")
                                         and (c.dtype if ck[0] == "add-dtypes" else c.layout)
                                         in ck[1]],

@@ -4,6 +4,7 @@ is compared with numpy's or torch's own answer."""
 
 import itertools
 
+import cubridge as cb
 import numpy as np
 import pytest
 from conftest import (
@@ -16,8 +17,6 @@ from conftest import (
     torch,
     torch_sample,
 )
-
-import cubridge as cb
 
 
 def check(result, expected):

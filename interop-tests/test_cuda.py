@@ -6,12 +6,11 @@ import gc
 import os
 import time
 
+import cubridge as cb
 import numpy as np
 import pytest
 from conftest import NUMPY_DTYPES, _try_import, run_child, sample, torch
 from matrix_libs import CAIOnly
-
-import cubridge as cb
 
 cupy = _try_import("cupy")
 numba_cuda = _try_import("numba.cuda")
@@ -19,9 +18,7 @@ numba_cuda = _try_import("numba.cuda")
 HAS_GPU = cb.cuda.is_available() and torch is not None and torch.cuda.is_available()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")]
 needs_cupy = pytest.mark.skipif(cupy is None, reason="cupy is not installed")
-two_gpus = pytest.mark.skipif(
-    not HAS_GPU or cb.cuda.device_count() < 2, reason="needs two GPUs"
-)
+two_gpus = pytest.mark.skipif(not HAS_GPU or cb.cuda.device_count() < 2, reason="needs two GPUs")
 
 # Dtypes torch holds on CUDA, by numpy name (bfloat16 handled separately).
 TORCH_CUDA = [d for d in NUMPY_DTYPES]
@@ -70,7 +67,9 @@ def test_device_arrays_round_trip():
     assert a.device == "cuda:0"
     np.testing.assert_array_equal(a.to_numpy(), ref)
     np.testing.assert_array_equal(a.to_device("cpu").to_numpy(), ref)
-    np.testing.assert_array_equal(cb.zeros((4,), device="cuda:0").to_numpy(), np.zeros(4, np.float32))
+    np.testing.assert_array_equal(
+        cb.zeros((4,), device="cuda:0").to_numpy(), np.zeros(4, np.float32)
+    )
     np.testing.assert_array_equal(
         cb.full((2, 2), 7, dtype="int32", device="cuda").to_numpy(), np.full((2, 2), 7, np.int32)
     )
@@ -117,7 +116,7 @@ def test_cuda_array_interface_fields():
     t = cb.from_dlpack(torch.zeros(3, 4, dtype=torch.int16, device="cuda").T)
     assert t.__cuda_array_interface__["strides"] == (2, 8)
     with pytest.raises(AttributeError):
-        cb.zeros(2).__cuda_array_interface__
+        _ = cb.zeros(2).__cuda_array_interface__
 
 
 def test_numpy_reads_device_array_through_a_host_copy():
@@ -248,10 +247,28 @@ def _random(shape, dtype, gen):
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize(
     "case",
-    ["vector", "misaligned", "odd-length", "tile-a", "tile-b", "tile-both", "out-transposed",
-     "column-broadcast", "3-d", "even-tile-a", "even-tile-b", "even-tile-both", "even-tile-a-row-broadcast",
-     "even-tile-a-misaligned-b", "even-tile-b-misaligned-out", "even-strides-odd-cols",
-     "pairs-tile-a", "pairs-tile-b", "pairs-tile-both", "pairs-tile-a-row-broadcast"],
+    [
+        "vector",
+        "misaligned",
+        "odd-length",
+        "tile-a",
+        "tile-b",
+        "tile-both",
+        "out-transposed",
+        "column-broadcast",
+        "3-d",
+        "even-tile-a",
+        "even-tile-b",
+        "even-tile-both",
+        "even-tile-a-row-broadcast",
+        "even-tile-a-misaligned-b",
+        "even-tile-b-misaligned-out",
+        "even-strides-odd-cols",
+        "pairs-tile-a",
+        "pairs-tile-b",
+        "pairs-tile-both",
+        "pairs-tile-a-row-broadcast",
+    ],
 )
 def test_every_add_kernel_variant(dtype, case):
     """Each kernel variant the host may choose (vectorized, scalar contiguous, strided, tiled;
@@ -264,10 +281,16 @@ def test_every_add_kernel_variant(dtype, case):
     rows, cols = 67, 131  # edges that no tile or pack divides
     if case.startswith("pairs"):
         rows, cols = 130, 194  # interior tiles and edge tiles, all strides even
-        a = _random((cols, rows), dtype, gen).T if "tile-a" in case or "both" in case else (
-            _random((rows, cols), dtype, gen))
-        b = _random((cols, rows), dtype, gen).T if "tile-b" in case or "both" in case else (
-            _random((rows, cols), dtype, gen))
+        a = (
+            _random((cols, rows), dtype, gen).T
+            if "tile-a" in case or "both" in case
+            else (_random((rows, cols), dtype, gen))
+        )
+        b = (
+            _random((cols, rows), dtype, gen).T
+            if "tile-b" in case or "both" in case
+            else (_random((rows, cols), dtype, gen))
+        )
         if case.endswith("row-broadcast"):
             b = _random((1, cols), dtype, gen).expand(rows, cols)
         out = torch.empty((rows, cols), device="cuda", dtype=a.dtype)
@@ -281,18 +304,27 @@ def test_every_add_kernel_variant(dtype, case):
         def shifted(shape):  # contiguous, one element past an aligned start
             return _random(rows * cols + 1, dtype, gen)[1:].view(shape)
 
-        a = _random((cols, rows), dtype, gen).T if "tile-a" in case else _random(
-            (rows, cols), dtype, gen)
-        b = _random((cols, rows), dtype, gen).T if "tile-b" in case or "both" in case else (
-            _random((rows, cols), dtype, gen))
+        a = (
+            _random((cols, rows), dtype, gen).T
+            if "tile-a" in case
+            else _random((rows, cols), dtype, gen)
+        )
+        b = (
+            _random((cols, rows), dtype, gen).T
+            if "tile-b" in case or "both" in case
+            else (_random((rows, cols), dtype, gen))
+        )
         if "both" in case:
             a = _random((cols, rows), dtype, gen).T
         if case.endswith("row-broadcast"):
             b = _random((1, cols), dtype, gen).expand(rows, cols)
         if case.endswith("misaligned-b"):
             b = shifted((rows, cols))
-        out = shifted((rows, cols)) if case.endswith("misaligned-out") else torch.empty(
-            (rows, cols), device="cuda", dtype=a.dtype)
+        out = (
+            shifted((rows, cols))
+            if case.endswith("misaligned-out")
+            else torch.empty((rows, cols), device="cuda", dtype=a.dtype)
+        )
     elif case in ("vector", "odd-length", "misaligned"):
         n = {"vector": 1 << 16, "odd-length": 1_000_003, "misaligned": 4099}[case]
         a, b = _random(n + 1, dtype, gen), _random(n + 1, dtype, gen)
@@ -319,14 +351,32 @@ def test_every_add_kernel_variant(dtype, case):
     assert torch.equal(out, a + b), f"{case} {dtype}"
 
 
-SCALARS = {"bool": True, "int8": -3, "float16": 0.7, "bfloat16": 0.7, "float32": 0.7,
-           "float64": 0.7, "complex128": complex(1.5, -2.0)}
+SCALARS = {
+    "bool": True,
+    "int8": -3,
+    "float16": 0.7,
+    "bfloat16": 0.7,
+    "float32": 0.7,
+    "float64": 0.7,
+    "complex128": complex(1.5, -2.0),
+}
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize(
-    "case", ["vector", "misaligned", "odd-length", "tiled", "tiled-even", "3-d", "broadcast",
-             "out-transposed", "in-place", "scalar-first"],
+    "case",
+    [
+        "vector",
+        "misaligned",
+        "odd-length",
+        "tiled",
+        "tiled-even",
+        "3-d",
+        "broadcast",
+        "out-transposed",
+        "in-place",
+        "scalar-first",
+    ],
 )
 def test_python_scalar_operand_on_every_kernel_variant(dtype, case):
     """A Python scalar beside a CUDA array goes to the kernel by value, in the array's dtype (the

@@ -1,10 +1,9 @@
 """Errors are typed and clear: the exception classes, CUDA on a machine without it, bad
 arguments, capsule misuse."""
 
+import cubridge as cb
 import numpy as np
 import pytest
-
-import cubridge as cb
 
 
 def test_exception_hierarchy():

@@ -4,11 +4,10 @@ the consumers numpy, torch and jax. Values are checked against numpy; zero-copy 
 import ctypes
 import gc
 
+import cubridge as cb
 import numpy as np
 import pytest
 from conftest import ALL_DTYPES, NUMPY_DTYPES, jax, jnp, needs_jax, needs_torch, sample, torch
-
-import cubridge as cb
 
 
 def capsule_name(capsule):
@@ -197,7 +196,12 @@ def test_jax_array_from_cubridge_survives_deletion():
 
 def test_the_c_exchange_table_exports_imports_and_allocates():
     from dlpack_ctypes import (
-        _MANAGED_P, SET_ERROR, DLDataType, DLDevice, DLTensor, exchange_api,
+        _MANAGED_P,
+        SET_ERROR,
+        DLDataType,
+        DLDevice,
+        DLTensor,
+        exchange_api,
     )
 
     api = exchange_api(cb.Array)
@@ -237,15 +241,19 @@ def test_the_c_exchange_table_exports_imports_and_allocates():
     shape = (ctypes.c_int64 * 2)(5, 7)
     prototype = DLTensor(None, DLDevice(1, 0), 2, DLDataType(0, 16, 1), shape, None, 0)
     fresh = _MANAGED_P()
-    assert api.managed_tensor_allocator(ctypes.byref(prototype), ctypes.byref(fresh), None,
-                                        on_error) == 0
+    assert (
+        api.managed_tensor_allocator(ctypes.byref(prototype), ctypes.byref(fresh), None, on_error)
+        == 0
+    )
     t = fresh.contents.dl_tensor
     assert (t.ndim, t.shape[0], t.shape[1], t.dtype.code, t.dtype.bits) == (2, 5, 7, 0, 16)
     assert t.data % 64 == 0 and errors == []
     fresh.contents.deleter(ctypes.cast(fresh, ctypes.c_void_p))
     prototype.dtype = DLDataType(2, 8, 1)  # no 8-bit float in cubridge
-    assert api.managed_tensor_allocator(ctypes.byref(prototype), ctypes.byref(fresh), None,
-                                        on_error) == -1
+    assert (
+        api.managed_tensor_allocator(ctypes.byref(prototype), ctypes.byref(fresh), None, on_error)
+        == -1
+    )
     assert not fresh and len(errors) == 1 and b"8" in errors[0][1]
 
 
@@ -256,9 +264,13 @@ def test_as_strided_and_transpose_are_views_checked_against_numpy():
              ((0, 4), (7, 1), 5), ((4, 3), (1, 7), 0)]  # fmt: skip
     for shape, strides, offset in cases:
         v = a.as_strided(shape, strides, offset)
-        expected = np.lib.stride_tricks.as_strided(
-            base.reshape(-1)[offset:], shape, [s * 2 for s in strides]
-        ) if not any(s < 0 for s in strides) else base[1:4, 5:1:-1]
+        expected = (
+            np.lib.stride_tricks.as_strided(
+                base.reshape(-1)[offset:], shape, [s * 2 for s in strides]
+            )
+            if not any(s < 0 for s in strides)
+            else base[1:4, 5:1:-1]
+        )
         np.testing.assert_array_equal(np.from_dlpack(v), expected)
         assert v.shape == shape and v.strides == strides
         if v.size:

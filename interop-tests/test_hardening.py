@@ -5,12 +5,10 @@ test instead of killing the run."""
 
 import re
 
+import cubridge as cb
 import numpy as np
 import pytest
 from conftest import run_child, torch
-
-import cubridge as cb
-
 
 # ---- crashes and hangs --------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ objects. Zero copy is checked with pointers, lifetime by deleting the producer f
 import array
 import gc
 
+import cubridge as cb
 import numpy as np
 import pytest
 from conftest import (
@@ -16,8 +17,6 @@ from conftest import (
     torch,
     torch_sample,
 )
-
-import cubridge as cb
 
 
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES)

@@ -12,11 +12,10 @@ Every cell proves its claim or ends as one of:
 `--matrix-json PATH` writes every cell's outcome for matrix_report.py.
 """
 
-import numpy as np
-import pytest
-
 import cubridge as cb
 import matrix_libs as m
+import numpy as np
+import pytest
 
 ALL = m.cells()
 
@@ -50,8 +49,14 @@ class Steps:
         if lim is None:
             return
         self.request.node.user_properties.append(
-            ("limit", {"holder": lim.holder, "reason": lim.reason,
-                       "error": f"{type(exc).__name__}: {str(exc)[:300]}"})  # fmt: skip
+            (
+                "limit",
+                {
+                    "holder": lim.holder,
+                    "reason": lim.reason,
+                    "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                },
+            )  # fmt: skip
         )
         pytest.xfail(f"not supported by {lim.holder}: {lim.reason}")
 
@@ -88,8 +93,12 @@ def test_transfer(cell, request):
 
     x, ptr, h = steps.run(cell.producer, "producer", produce)
 
-    def consume():
-        if cell.consumer == "torch" and cell.layout == "negative" and cell.protocol != "exchange-table":
+    def consume(h=h):
+        if (
+            cell.consumer == "torch"
+            and cell.layout == "negative"
+            and cell.protocol != "exchange-table"
+        ):
             refusal = C.refuse_negative_strides()  # torch 2.11 aborts on such a descriptor
             if refusal is not None:
                 raise refusal
@@ -166,7 +175,9 @@ def test_stream(cell, request):
         return
 
     stream, ptr = P.new_stream(dev)
-    x = steps.run(cell.producer, "producer", lambda: P.make_on(np.full_like(ref, -7.0), dev, stream))
+    x = steps.run(
+        cell.producer, "producer", lambda: P.make_on(np.full_like(ref, -7.0), dev, stream)
+    )
     src = P.make(ref, dev)
     P.settle(dev, stream, src)
     torch.cuda.synchronize(m.gpu_index(dev))

@@ -18,9 +18,7 @@ cupy = _try_import("cupy")
 HAS_GPU = cb.cuda.is_available() and torch is not None and torch.cuda.is_available()
 cuda = [pytest.mark.cuda, pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")]
 needs_cupy = pytest.mark.skipif(cupy is None, reason="cupy is not installed")
-two_gpus = pytest.mark.skipif(
-    not HAS_GPU or cb.cuda.device_count() < 2, reason="needs two GPUs"
-)
+two_gpus = pytest.mark.skipif(not HAS_GPU or cb.cuda.device_count() < 2, reason="needs two GPUs")
 
 
 # ---- without CUDA: the API is there and refuses clearly -------------------------------------

@@ -1,12 +1,11 @@
 """Property tests: hypothesis draws shapes, strides (steps, offsets, negative steps,
 permutations) and broadcasts; every result must equal numpy's."""
 
+import cubridge as cb
 import numpy as np
 from conftest import NUMPY_DTYPES, sample
 from hypothesis import given
 from hypothesis import strategies as st
-
-import cubridge as cb
 
 
 @st.composite
@@ -21,12 +20,12 @@ def strided_views(draw, shape, dtype=None):
     pshape = [shape[p] for p in perm]
     pstep = [steps[p] for p in perm]
     poff = [offsets[p] for p in perm]
-    base_shape = [max(1, n * abs(s) + o) for n, s, o in zip(pshape, pstep, poff)]
+    base_shape = [max(1, n * abs(s) + o) for n, s, o in zip(pshape, pstep, poff, strict=True)]
     if dtype is None:
         dtype = draw(st.sampled_from(["float32", "int16", "float16", "complex64"]))
     base = sample(tuple(base_shape), dtype, draw(st.integers(0, 1000)))
     index = []
-    for n, s, o in zip(pshape, pstep, poff):
+    for n, s, o in zip(pshape, pstep, poff, strict=True):
         if n == 0:
             index.append(slice(0, 0))
         elif s > 0:

@@ -7,14 +7,13 @@ import os
 import threading
 import time
 
+import cubridge as cb
 import numpy as np
 import pytest
-from conftest import needs_torch, run_child, torch
+from conftest import examples, needs_torch, run_child, torch
 from dlpack_ctypes import float_buffer, make_capsule
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import cubridge as cb
 
 CLEAN = (ValueError, TypeError, BufferError, cb.CudaUnavailableError)
 
@@ -205,9 +204,7 @@ def test_null_data_is_fine_when_empty():
     assert v.shape == (0,) and np.from_dlpack(v).size == 0
 
 
-@settings(
-    max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ndim=st.integers(-4, 70),
     dims=st.lists(st.integers(-3, 1 << 40), min_size=0, max_size=70),
@@ -222,7 +219,16 @@ def test_null_data_is_fine_when_empty():
     versioned=st.booleans(),
 )
 def test_fuzzed_descriptors_never_crash(
-    ndim, dims, strides, code, bits, lanes, device_type, device_id, byte_offset, has_data,
+    ndim,
+    dims,
+    strides,
+    code,
+    bits,
+    lanes,
+    device_type,
+    device_id,
+    byte_offset,
+    has_data,
     versioned,
 ):
     # The shape and strides arrays hold at least `ndim` entries whenever cubridge may read them
@@ -312,7 +318,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(["shape", "typestr", "data", "version", "strides", "stream", "mask", "x"]),
@@ -352,7 +358,7 @@ def test_adds_from_eight_threads():
         t.start()
     for t in threads:
         t.join()
-    for (a, b), r in zip(inputs, results):
+    for (a, b), r in zip(inputs, results, strict=True):
         np.testing.assert_array_equal(r, a + b)
 
 
