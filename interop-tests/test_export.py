@@ -256,6 +256,18 @@ def test_the_c_exchange_table_exports_imports_and_allocates():
     )
     assert not fresh and len(errors) == 1 and b"8" in errors[0][1]
 
+    # Malformed prototypes are refused through the callback, not read: a NULL shape, a negative
+    # extent, more than 64 dimensions.
+    prototype.dtype = DLDataType(2, 32, 1)
+    bad = [
+        DLTensor(None, DLDevice(1, 0), 2, DLDataType(2, 32, 1), None, None, 0),
+        DLTensor(None, DLDevice(1, 0), 2, DLDataType(2, 32, 1), (ctypes.c_int64 * 2)(3, -1), None, 0),
+        DLTensor(None, DLDevice(1, 0), 65, DLDataType(2, 32, 1), (ctypes.c_int64 * 65)(*[1] * 65), None, 0),
+    ]  # fmt: skip
+    for k, proto in enumerate(bad):
+        rc = api.managed_tensor_allocator(ctypes.byref(proto), ctypes.byref(fresh), None, on_error)
+        assert rc == -1 and not fresh and len(errors) == 2 + k, (k, errors)
+
 
 def test_as_strided_and_transpose_are_views_checked_against_numpy():
     base = np.arange(35, dtype=np.int16).reshape(5, 7)

@@ -339,6 +339,85 @@ def test_plus_gives_way_to_operands_it_cannot_read_and_raises_for_those_it_can()
         a + object()
 
 
+def test_another_dlpack_major_version_is_one_buffer_error_either_way():
+    """A versioned tensor of another major version raised RuntimeError from a producer's
+    __dlpack__ and BufferError as a bare capsule: the same case, one error. Either way the
+    tensor goes back to its producer exactly once."""
+    import gc
+
+    from dlpack_ctypes import float_buffer, make_capsule
+
+    def made():
+        return make_capsule(
+            data=float_buffer(4), shape=(4,), strides=(1,), versioned=True, version=(2, 0)
+        )
+
+    bare = made()
+    with pytest.raises(BufferError, match="major version"):
+        cb.from_dlpack(bare.capsule)
+
+    produced = made()
+
+    class Producer:
+        def __dlpack__(self, **kwargs):
+            return produced.capsule
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(BufferError, match="major version"):
+        cb.from_dlpack(Producer())
+    gc.collect()
+    assert bare.deleted == 1 and produced.deleted == 1
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["sparse", "meta", "quantized"])
+def test_tensors_dlpack_cannot_describe_are_refused_in_one_line(kind):
+    """torch's sparse, meta and quantized tensors raised RuntimeError with 17 lines of C++
+    trace."""
+    t = {
+        "sparse": lambda: torch.eye(3).to_sparse(),
+        "meta": lambda: torch.empty(3, device="meta"),
+        "quantized": lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8),
+    }[kind]()
+    for call in (lambda: cb.from_dlpack(t), lambda: cb.add(t, 1.0)):
+        with pytest.raises((TypeError, BufferError)) as info:
+            call()
+        assert "\n" not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "dtype", [">f8", "f4,i4", "O", "U3", "datetime64[s]", "timedelta64[ms]", "S2", "V4"]
+)
+def test_numpy_dtypes_cubridge_cannot_read_are_type_errors(dtype):
+    """numpy arrays of dtypes cubridge cannot read raised numpy's BufferError (from its
+    __dlpack__) instead of the TypeError promised for unsupported dtypes."""
+    a = np.zeros(3, dtype=dtype)
+    for call in (lambda: cb.asarray(a), lambda: cb.from_dlpack(a), lambda: cb.add(a, a)):
+        with pytest.raises(TypeError, match="unsupported dtype"):
+            call()
+
+
+def test_a_dlpack_method_that_returns_no_capsule_is_a_type_error():
+    """A __dlpack__ that returned 42, None or a str gave "returned a capsule with neither
+    dltensor nor dltensor_versioned ABI"."""
+    for returned in (42, None, "x"):
+
+        class Bad:
+            value = returned
+
+            def __dlpack__(self, **kwargs):
+                return self.value
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+        for call in (lambda: cb.from_dlpack(Bad()), lambda: cb.add(Bad(), 1.0)):
+            with pytest.raises(TypeError, match="not a DLPack capsule"):
+                call()
+
+
 def test_arange_errors_are_short():
     with pytest.raises(ValueError) as info:
         cb.arange(0, 1, 1e-300)

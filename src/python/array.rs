@@ -390,20 +390,13 @@ unsafe impl dlpark::python::DlpackExchangeProducer for PyArray {
     fn allocate(
         prototype: &dlpark::ffi::DLTensor,
     ) -> Result<Managed<DLManagedTensorVersioned>, String> {
-        let ndim = usize::try_from(prototype.ndim)
-            .ok()
-            .filter(|&n| n <= crate::layout::MAX_NDIM)
-            .ok_or_else(|| format!("ndim {} is outside 0..=64", prototype.ndim))?;
-        if ndim > 0 && prototype.shape.is_null() {
-            return Err("the prototype has a NULL shape".into());
-        }
-        let dims: &[i64] = if ndim == 0 {
-            &[]
-        } else {
-            // SAFETY: the allocator contract: `shape` points to `ndim` extents (checked non-NULL).
-            unsafe { std::slice::from_raw_parts(prototype.shape, ndim) }
-        };
-        let shape = dims
+        // SAFETY: the allocator contract: the prototype, its shape and its strides (when not
+        // NULL) are readable for the duration of the call. dlpark checks them (NULL shape,
+        // negative extents, element and byte counts that overflow).
+        let view = unsafe { dlpark::tensor::TensorRef::from_raw(prototype) }
+            .map_err(|e| format!("the prototype is not a valid DLPack tensor: {e}"))?;
+        let shape = view
+            .shape()
             .iter()
             .map(|&d| usize::try_from(d).map_err(|_| format!("negative extent {d}")))
             .collect::<Result<Vec<_>, _>>()?;

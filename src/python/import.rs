@@ -66,7 +66,9 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
             // read-only numpy array under the legacy ABI; ValueError: a descriptor cubridge
             // rejects, such as CuPy's negative strides, which it mangles in DLPack) may describe
             // the same memory correctly through the CUDA array interface or the buffer protocol.
-            // Those are tried; if neither serves, the DLPack error stands.
+            // Those are tried; if neither serves, the DLPack error stands, unless the array's
+            // dtype is what cubridge cannot read (numpy's big-endian, structured, object, string
+            // and datetime arrays): that is a TypeError, as for any unsupported dtype.
             Err(e)
                 if !is_capsule(obj)
                     && (e.is_instance_of::<PyBufferError>(obj.py())
@@ -78,13 +80,21 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
                         copied: false,
                     });
                 }
-                if let Ok(Some(array)) = buffer::import(obj) {
-                    return Ok(Imported {
-                        array,
-                        copied: false,
-                    });
+                match buffer::import(obj) {
+                    Ok(Some(array)) => {
+                        return Ok(Imported {
+                            array,
+                            copied: false,
+                        })
+                    }
+                    Err(unreadable) if unreadable.is_instance_of::<PyTypeError>(obj.py()) => {
+                        return Err(unreadable)
+                    }
+                    _ => {}
                 }
-                return Err(e);
+                return Err(unsupported_dtype(obj)
+                    .or_else(|| not_a_capsule(obj))
+                    .unwrap_or(e));
             }
             Err(e) => return Err(e),
         }
@@ -120,6 +130,42 @@ pub fn readable(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
         || obj.hasattr(pyo3::intern!(py, "__cuda_array_interface__"))?
         // SAFETY: PyObject_CheckBuffer only reads the object's type slots.
         || unsafe { pyo3::ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1)
+}
+
+/// TypeError when `obj.__dlpack__()` returns something that is not a capsule at all (asked
+/// again only on this error path, where dlpark's refusal does not tell it from a capsule of
+/// an unknown name; a capsule got here is released by its destructor).
+fn not_a_capsule(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
+    let returned = obj
+        .call_method0(pyo3::intern!(obj.py(), "__dlpack__"))
+        .ok()?;
+    if is_capsule(&returned) {
+        return None;
+    }
+    let type_name = returned
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string());
+    Some(PyTypeError::new_err(format!(
+        "__dlpack__ returned a {type_name}, not a DLPack capsule"
+    )))
+}
+
+/// TypeError naming `obj`'s dtype when it has one that cubridge has no dtype for (its producer
+/// refused DLPack for it and no other protocol describes it).
+fn unsupported_dtype(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
+    let dtype = obj.getattr(pyo3::intern!(obj.py(), "dtype")).ok()?;
+    if super::types::parse_dtype(&dtype).is_ok() {
+        return None;
+    }
+    let shown = dtype.str().map_or_else(|_| "?".into(), |s| s.to_string());
+    let type_name = obj
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string());
+    Some(PyTypeError::new_err(format!(
+        "unsupported dtype: cubridge cannot read a {type_name} of dtype {shown}"
+    )))
 }
 
 /// An array taken through its producer's DLPack C exchange table: one export, with the
@@ -239,11 +285,31 @@ fn protocol_capsule<'py>(obj: &Bound<'py, PyAny>, consumer: Stream) -> PyResult<
 /// stream); a producer whose `__dlpack__` predates `max_version` (it raises TypeError) is asked
 /// again the legacy way.
 fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
+    import_dlpack_raw(obj, consumer, use_).map_err(|e| as_export_refusal(obj.py(), e))
+}
+
+/// A plain `RuntimeError` out of a DLPack import is a refusal to export (DLPack's word for it
+/// is BufferError): dlpark's for a tensor of another major version, which it has released;
+/// producers' for what DLPack cannot describe (torch's sparse, meta and quantized tensors,
+/// with pages of C++ frames). One line of it is kept. cubridge's own errors (CudaError and the
+/// rest, subclasses of RuntimeError) pass unchanged.
+fn as_export_refusal(py: Python<'_>, e: PyErr) -> PyErr {
+    if !e
+        .get_type(py)
+        .is(py.get_type::<pyo3::exceptions::PyRuntimeError>())
+    {
+        return e;
+    }
+    let message = e.value(py).to_string();
+    let first = message.lines().next().unwrap_or("").trim();
+    PyBufferError::new_err(format!("the DLPack export was refused: {first}"))
+}
+
+fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     let py = obj.py();
     let consumer_stream = Consumer(consumer);
     let attempt = || -> PyResult<ImportedDlpack> {
         if is_capsule(obj) {
-            refuse_other_major_version(obj)?;
             return dlpark_import(obj.as_borrowed(), None, None);
         }
         if has_exchange_table(obj) && !exchange_table_usable(obj) {
@@ -308,44 +374,6 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResul
         _ => array,
     };
     Ok(Imported { array, copied })
-}
-
-/// A versioned capsule of another major version has an unknown layout past its header: the spec
-/// says to call its deleter (at a fixed offset in every version) and use nothing else. dlpark
-/// refuses such tensors without releasing them, so cubridge does it here first.
-fn refuse_other_major_version(capsule: &Bound<'_, PyAny>) -> PyResult<()> {
-    const NAME: &std::ffi::CStr = c"dltensor_versioned";
-    const USED: &std::ffi::CStr = c"used_dltensor_versioned";
-    // SAFETY: PyCapsule_IsValid accepts any object and only compares the name.
-    if unsafe { pyo3::ffi::PyCapsule_IsValid(capsule.as_ptr(), NAME.as_ptr()) } != 1 {
-        return Ok(());
-    }
-    // SAFETY: a valid capsule of this name; GetPointer returns its (non-NULL) pointer.
-    let ptr = unsafe { pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), NAME.as_ptr()) };
-    if ptr.is_null() {
-        return Err(PyErr::fetch(capsule.py()));
-    }
-    let raw = ptr.cast::<dlpark::ffi::DLManagedTensorVersioned>();
-    // SAFETY: every DLPack version starts with DLPackVersion, then manager_ctx and deleter, in
-    // this layout (the spec fixes them so that a consumer can always release a tensor).
-    let (version, deleter) = unsafe { ((*raw).version, (*raw).deleter) };
-    if version.major == dlpark::ffi::DLPACK_MAJOR_VERSION {
-        return Ok(());
-    }
-    // SAFETY: renaming marks the capsule consumed, so its destructor will not release it again.
-    if unsafe { pyo3::ffi::PyCapsule_SetName(capsule.as_ptr(), USED.as_ptr()) } != 0 {
-        return Err(PyErr::fetch(capsule.py()));
-    }
-    if let Some(deleter) = deleter {
-        // SAFETY: the spec guarantees the deleter's position and that calling it is safe.
-        unsafe { deleter(raw) };
-    }
-    Err(PyBufferError::new_err(format!(
-        "DLPack {}.{} tensor: cubridge reads major version {}; the tensor was released",
-        version.major,
-        version.minor,
-        dlpark::ffi::DLPACK_MAJOR_VERSION
-    )))
 }
 
 /// Applies the Array API `copy` / `dtype` / `device` rules to an imported array: no copy unless
