@@ -418,6 +418,29 @@ def test_a_dlpack_method_that_returns_no_capsule_is_a_type_error():
                 call()
 
 
+@needs_torch
+def test_torch_tensors_with_a_lazy_sign_are_refused_as_torch_refuses_them():
+    """torch tensors with the conjugate or negative bit set (t.conj(), t.conj().imag) were read
+    raw through the exchange table, which skips the checks torch's __dlpack__ makes: the
+    values came out with the wrong sign. (torch's own __dlpack__ refuses the conjugate bit but
+    exports a negative-bit tensor's memory as it is; cubridge refuses both.)"""
+    x = torch.tensor([1 + 2j, 3 - 4j])
+    lazy = {"conj": x.conj(), "neg": x.conj().imag}
+    for name, t in lazy.items():
+        assert t.is_conj() or t.is_neg(), name
+        for call in (
+            lambda t=t: cb.from_dlpack(t),
+            lambda t=t: cb.add(t, 0),
+            lambda t=t: cb.add(t, t),
+            lambda t=t: cb.add(torch.zeros_like(t).resolve_conj(), 1, out=t),
+        ):
+            with pytest.raises(BufferError, match="bit set"):
+                call()
+    # Resolved, the same values come in as they read.
+    got = cb.add(x.conj().imag.resolve_neg(), 0.0).to_numpy()
+    np.testing.assert_array_equal(got, [-2.0, 4.0])
+
+
 def test_arange_errors_are_short():
     with pytest.raises(ValueError) as info:
         cb.arange(0, 1, 1e-300)

@@ -193,6 +193,10 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
         .into_parts();
     let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
     let array = from_managed(managed).ok()?;
+    if lazy_sign(obj, array.dtype().kind() == Kind::Complex).is_some() {
+        // import() refuses it, with the reason.
+        return None;
+    }
     let stream = match array.device() {
         Device::Cuda(_) => Some(Stream::from_handle(stream as usize)),
         _ => None,
@@ -253,6 +257,31 @@ fn table_belongs_to_protocol(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bo
     let valid =
         unsafe { pyo3::ffi::PyCapsule_IsValid(capsule.as_ptr(), c"dlpack_exchange_api".as_ptr()) };
     Ok(valid == 1)
+}
+
+/// The lazily applied sign of a torch tensor, if it has one: the negative bit (`t.conj().imag`)
+/// or, for a complex tensor (`complex`), the conjugate bit (`t.conj()`). Its values are then
+/// its memory negated or conjugated, which DLPack cannot describe; torch's exchange table hands
+/// over the memory as it is, and torch's `__dlpack__` refuses only the conjugate bit. One call
+/// for a real tensor.
+fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
+    let py = obj.py();
+    let set = |name| {
+        obj.call_method0(name)
+            .and_then(|v| v.is_truthy())
+            .unwrap_or(false)
+    };
+    let (bit, fix) = if set(pyo3::intern!(py, "is_neg")) {
+        ("negative", "resolve_neg")
+    } else if complex && set(pyo3::intern!(py, "is_conj")) {
+        ("conjugate", "resolve_conj")
+    } else {
+        return None;
+    };
+    Some(PyBufferError::new_err(format!(
+        "the tensor has its {bit} bit set: its values are not its memory, which DLPack cannot \
+         describe; pass t.{fix}()"
+    )))
 }
 
 /// Whether `obj`'s type names a DLPack C exchange table at all (usable or not).
@@ -364,6 +393,11 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
         ImportedDlpack::Legacy(m) => from_managed(m)?,
         ImportedDlpack::Versioned(m) => from_managed(m)?,
     };
+    if has_exchange_table(obj) {
+        if let Some(refusal) = lazy_sign(obj, array.dtype().kind() == Kind::Complex) {
+            return Err(refusal);
+        }
+    }
     // The producer ordered its work before `consumer`; an event there lets later users of a
     // kept view wait for it from any stream.
     let array = match array.device() {
