@@ -77,24 +77,36 @@ pub fn synchronize(ordinal: u32) -> Result<()> {
     check(result::ctx::synchronize(), "synchronizing the device")
 }
 
-/// Streaming multiprocessors of `ordinal`, read once per device.
-pub fn sm_count(ordinal: u32) -> Result<usize> {
-    static SMS: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
-    let mut table = SMS.lock().unwrap_or_else(|p| p.into_inner());
+/// The value `table` holds for device `ordinal`, made by `make` on the first call for that
+/// device (under the table's lock, so it is made once) and kept for the process.
+pub fn per_device<T: Copy>(
+    table: &Mutex<Vec<Option<T>>>,
+    ordinal: u32,
+    make: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
     let i = ordinal as usize;
     if table.len() <= i {
         table.resize(i + 1, None);
     }
-    if let Some(n) = table[i] {
-        return Ok(n);
+    if let Some(value) = table[i] {
+        return Ok(value);
     }
-    let n = attribute(
-        ordinal,
-        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    )?
-    .max(1) as usize;
-    table[i] = Some(n);
-    Ok(n)
+    let value = make()?;
+    table[i] = Some(value);
+    Ok(value)
+}
+
+/// Streaming multiprocessors of `ordinal`, read once per device.
+pub fn sm_count(ordinal: u32) -> Result<usize> {
+    static SMS: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+    per_device(&SMS, ordinal, || {
+        let n = attribute(
+            ordinal,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?;
+        Ok(n.max(1) as usize)
+    })
 }
 
 /// Puts back, when dropped, the context that was current on this thread when it was made.

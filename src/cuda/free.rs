@@ -108,17 +108,7 @@ fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
 /// cubridge's stream for frees on device `ordinal`, created on first use and kept.
 fn free_stream(ordinal: u32) -> Result<Stream> {
     static STREAMS: Mutex<Vec<Option<Stream>>> = Mutex::new(Vec::new());
-    let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-    let i = ordinal as usize;
-    if streams.len() <= i {
-        streams.resize(i + 1, None);
-    }
-    if let Some(s) = streams[i] {
-        return Ok(s);
-    }
-    let s = stream::create(ordinal)?;
-    streams[i] = Some(s);
-    Ok(s)
+    context::per_device(&STREAMS, ordinal, || stream::create(ordinal))
 }
 
 /// A free for the background thread.

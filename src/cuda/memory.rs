@@ -53,29 +53,17 @@ unsafe impl Send for CudaAlloc {}
 // SAFETY: as above; shared references only read the address.
 unsafe impl Sync for CudaAlloc {}
 
-/// A device's pool, looked up (and its release threshold raised) on first use.
-#[derive(Clone, Copy)]
-enum Pool {
-    Unknown,
-    Unsupported,
-    Ready(usize),
-}
-
-static POOLS: Mutex<Vec<Pool>> = Mutex::new(Vec::new());
+/// Each device's pool (`None`: the device has no pool support), looked up once.
+static POOLS: Mutex<Vec<Option<Option<usize>>>> = Mutex::new(Vec::new());
 
 /// The current memory pool of device `ordinal`, or `None` where the device has no pool support.
 /// The first call per device raises the pool's release threshold to the maximum.
 pub fn pool(ordinal: u32) -> Result<Option<sys::CUmemoryPool>> {
-    let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
-    let i = ordinal as usize;
-    if pools.len() <= i {
-        pools.resize(i + 1, Pool::Unknown);
-    }
-    match pools[i] {
-        Pool::Ready(p) => return Ok(Some(p as sys::CUmemoryPool)),
-        Pool::Unsupported => return Ok(None),
-        Pool::Unknown => {}
-    }
+    let pool = context::per_device(&POOLS, ordinal, || find_pool(ordinal))?;
+    Ok(pool.map(|p| p as sys::CUmemoryPool))
+}
+
+fn find_pool(ordinal: u32) -> Result<Option<usize>> {
     let supported = context::attribute(
         ordinal,
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
@@ -83,7 +71,6 @@ pub fn pool(ordinal: u32) -> Result<Option<sys::CUmemoryPool>> {
     .unwrap_or(0)
         != 0;
     if !supported {
-        pools[i] = Pool::Unsupported;
         return Ok(None);
     }
     let dev = check(result::device::get(ordinal as i32), "looking up the device")?;
@@ -102,8 +89,7 @@ pub fn pool(ordinal: u32) -> Result<Option<sys::CUmemoryPool>> {
         )
     };
     check(raised, "raising the memory pool's release threshold")?;
-    pools[i] = Pool::Ready(pool as usize);
-    Ok(Some(pool))
+    Ok(Some(pool as usize))
 }
 
 /// Bytes cubridge holds on each device (allocated and not yet handed back), and the most it
