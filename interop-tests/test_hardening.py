@@ -165,6 +165,14 @@ def test_shape_integers_beyond_the_native_range_say_so():
         cb.empty(2**70)
     with pytest.raises((OverflowError, ValueError), match="too large"):
         cb.zeros((2, 2**70))
+    with pytest.raises(OverflowError, match="too large"):
+        cb.zeros(np.uint64(2**64 - 1))
+    # numpy integers and arrays of them still make shapes.
+    assert cb.zeros(np.int64(4)).shape == (4,)
+    assert cb.zeros((np.int32(2), 3)).shape == (2, 3)
+    assert cb.zeros(np.array([2, 3])).shape == (2, 3)
+    with pytest.raises(TypeError, match="sequence of ints"):
+        cb.zeros((2, 1.5))
 
 
 def test_adding_two_python_scalars_is_symmetric():

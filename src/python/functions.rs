@@ -26,11 +26,14 @@ fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
             }
         })
     };
-    let dims: Vec<i64> = if shape.hasattr(pyo3::intern!(shape.py(), "__index__"))? {
-        vec![dim(shape)?]
-    } else {
-        let items: Vec<Bound<'_, PyAny>> = shape.extract().map_err(|_| not_ints())?;
+    // One integer, or a sequence of them (a numpy array of ints is a sequence, though it has
+    // __index__ too).
+    let dims: Vec<i64> = if let Ok(n) = shape.extract::<i64>() {
+        vec![n]
+    } else if let Ok(items) = shape.extract::<Vec<Bound<'_, PyAny>>>() {
         items.iter().map(dim).collect::<PyResult<_>>()?
+    } else {
+        vec![dim(shape)?]
     };
     dims.iter()
         .map(|&d| usize::try_from(d).map_err(|_| Error::invalid(format!("negative dimension {d}"))))
