@@ -115,6 +115,26 @@ impl Array {
         })
     }
 
+    /// Keeps the memory of `arrays` valid until the work queued so far on `stream` of device
+    /// `ordinal` has run (`event` follows that work; `None` on the legacy default stream, which
+    /// runs in order): cubridge's pooled memory by ordering its free after it, anything else by
+    /// holding it in the releaser (see [`crate::cuda::release`]). Never waits.
+    pub fn keep_until_run(
+        arrays: &[&Array],
+        stream: Stream,
+        event: Option<Arc<Event>>,
+        ordinal: u32,
+    ) {
+        let held: Vec<crate::cuda::release::KeepAlive> = arrays
+            .iter()
+            .filter(|a| !a.buffer.record_kernel(stream, event.clone()))
+            .map(|a| a.buffer.clone() as crate::cuda::release::KeepAlive)
+            .collect();
+        if !held.is_empty() {
+            crate::cuda::release::keep_alive_until(event, held, stream, ordinal);
+        }
+    }
+
     /// Records that a consumer reads this array's memory on `stream`: freeing it waits for the
     /// work queued there at that time (see [`crate::cuda::free`]).
     pub fn record_consumer(&self, stream: Stream) {

@@ -222,14 +222,23 @@ impl Buffer {
 
     /// Whether this memory's free is queued in stream order after its recorded uses (a pooled
     /// device block of cubridge's), so that a kernel using it need not hold it alive.
-    pub fn frees_in_stream_order(&self) -> bool {
+    fn frees_in_stream_order(&self) -> bool {
         matches!(&self.owner, Owner::Storage(Storage::Cuda(alloc))
             if matches!(alloc.kind(), crate::cuda::memory::Kind::Device { pooled: true, .. }))
     }
 
     /// Records that a kernel of cubridge's uses this memory on `stream`, with `event` after it
-    /// (`None` on the legacy default stream): the free follows it on the device.
-    pub fn record_kernel(&self, stream: crate::cuda::stream::Stream, event: Option<Arc<Event>>) {
+    /// (`None` on the legacy default stream), so that the free follows it on the device.
+    /// Returns false, recording nothing, for memory whose free is not stream-ordered (foreign,
+    /// pinned, managed): the caller must hold it until the kernel has run.
+    pub fn record_kernel(
+        &self,
+        stream: crate::cuda::stream::Stream,
+        event: Option<Arc<Event>>,
+    ) -> bool {
+        if !self.frees_in_stream_order() {
+            return false;
+        }
         let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
         let consumers = &mut *consumers;
         if let Some(known) = consumers.kernels.iter_mut().find(|k| k.stream == stream) {
@@ -239,6 +248,7 @@ impl Buffer {
         } else {
             consumers.unknown = true;
         }
+        true
     }
 
     /// Records a consumer whose stream is unknown (the CUDA array interface, `stream=-1`, the

@@ -381,9 +381,8 @@ fn add_cuda(
     // inputs along rows (transposed_inputs; a value has stride 0, so it is never tiled), which
     // it assumes. Every pointer addresses its operand's validated layout on this device, `out`
     // is writable and overlaps an input only exactly (checked); the arrays' buffers are kept
-    // alive until the kernel has run (keep_alive_until below), or their frees follow it on the
-    // device (record_kernel below: cubridge's pooled memory), or, for a kernel captured into a
-    // graph, by the caller while it replays the graph (see `Capture`).
+    // valid until the kernel has run (Array::keep_until_run below), or, for a kernel captured
+    // into a graph, by the caller while it replays the graph (see `Capture`).
     unsafe {
         launch::launch(
             function,
@@ -412,20 +411,13 @@ fn add_cuda(
             stream, ordinal,
         )?))
     };
-    // cubridge's own pooled memory records the use, and its free follows the kernel on the
-    // device (so a result dropped at once goes back to the pool at once, for the next
-    // allocation of the stream); anything else is held until the kernel has run.
-    let mut held: Vec<crate::cuda::release::KeepAlive> = Vec::new();
-    for x in [Some(a), b_array, Some(&out)].into_iter().flatten() {
-        if x.buffer().frees_in_stream_order() {
-            x.buffer().record_kernel(stream, done.clone());
-        } else {
-            held.push(x.buffer().clone());
-        }
-    }
-    if !held.is_empty() {
-        crate::cuda::release::keep_alive_until(done.clone(), held, stream, ordinal);
-    }
+    // A result dropped at once goes back to the pool at once, its free ordered after the
+    // kernel, for the next allocation of the stream.
+    let operands: Vec<&Array> = [Some(a), b_array, Some(&out)]
+        .into_iter()
+        .flatten()
+        .collect();
+    Array::keep_until_run(&operands, stream, done.clone(), ordinal);
     Ok(match done {
         Some(done) => out.with_pending(stream, done),
         None => out.with_legacy_write(),

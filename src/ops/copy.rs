@@ -16,17 +16,16 @@ use std::ffi::c_void;
 /// until the copy has run); copies into host memory are complete on return.
 pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     let host_src = src.device().is_host_accessible();
-    if host_src && device.is_host_accessible() {
+    if host_src {
         if let Some(event) = src.pending()? {
             // Pinned or managed memory may still be written by a kernel.
             event.synchronize()?;
         }
+    }
+    if host_src && device.is_host_accessible() {
         return host_copy(src, dtype, device);
     }
     if host_src {
-        if let Some(event) = src.pending()? {
-            event.synchronize()?;
-        }
         // Host to device: stage a contiguous host array of the target dtype, then one copy.
         let staged = if src.layout().is_contiguous() && src.dtype() == dtype {
             src.clone()
@@ -46,7 +45,7 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
                 stream::LEGACY,
             )?
         };
-        keep_until_legacy_work_ran(n, [&staged]);
+        Array::keep_until_run(&[&staged], stream::LEGACY, None, n);
         return Ok(dst);
     }
     // From device memory: make it contiguous on its device first.
@@ -74,7 +73,7 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
                         stream::LEGACY,
                     )?
                 };
-                keep_until_legacy_work_ran(n, [src, &contiguous]);
+                Array::keep_until_run(&[src, &contiguous], stream::LEGACY, None, n);
             }
             _ => {
                 if let Device::Cuda(m) = device {
@@ -99,23 +98,6 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     // A cast of device data goes through the host.
     let host = copy(&contiguous, contiguous.dtype(), Device::Cpu)?;
     copy(&host, dtype, device)
-}
-
-/// Keeps the buffers of `arrays` alive until the work queued so far on device `ordinal`'s legacy
-/// default stream has run: cubridge's pooled memory by ordering its free after that work,
-/// anything else by holding it.
-fn keep_until_legacy_work_ran<const N: usize>(ordinal: u32, arrays: [&Array; N]) {
-    let mut held: Vec<crate::cuda::release::KeepAlive> = Vec::new();
-    for a in arrays {
-        if a.buffer().frees_in_stream_order() {
-            a.buffer().record_kernel(stream::LEGACY, None);
-        } else {
-            held.push(a.buffer().clone());
-        }
-    }
-    if !held.is_empty() {
-        crate::cuda::release::keep_alive_until(None, held, stream::LEGACY, ordinal);
-    }
 }
 
 fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
