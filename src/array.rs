@@ -7,7 +7,7 @@ use crate::cuda::stream::{Event, Stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout::{checked_numel, Layout};
+use crate::layout::Layout;
 use crate::storage::{Buffer, HostAlloc, Storage};
 use std::sync::Arc;
 
@@ -61,16 +61,29 @@ impl Array {
     /// memory from outside the pool, ready for any stream, with no pending write (see
     /// [`CudaAlloc::device_outside_pool`]).
     pub fn empty_for_capture(shape: &[usize], dtype: DType, ordinal: u32) -> Result<Array> {
+        let device = Device::Cuda(ordinal);
+        Self::over_new_storage(shape, dtype, device, |bytes| {
+            Ok(Storage::Cuda(CudaAlloc::device_outside_pool(
+                bytes, ordinal,
+            )?))
+        })
+    }
+
+    /// A C-contiguous array of `shape` over storage that `make` allocates with the byte count
+    /// (checked to fit the address space).
+    fn over_new_storage(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        make: impl FnOnce(usize) -> Result<Storage>,
+    ) -> Result<Array> {
         let layout = Layout::contiguous(shape)?;
-        let bytes = checked_numel(shape)?
-            .checked_mul(dtype.itemsize())
-            .ok_or_else(|| Error::invalid(format!("shape {shape:?} is too large")))?;
-        let storage = Storage::Cuda(CudaAlloc::device_outside_pool(bytes, ordinal)?);
+        let storage = make(layout.checked_nbytes(dtype.itemsize())?)?;
         Ok(Array {
             buffer: Arc::new(Buffer::owned(storage)),
             layout,
             dtype,
-            device: Device::Cuda(ordinal),
+            device,
             readonly: false,
         })
     }
@@ -82,30 +95,21 @@ impl Array {
         zeroed: bool,
         stream: Stream,
     ) -> Result<Array> {
-        let layout = Layout::contiguous(shape)?;
-        let bytes = checked_numel(shape)?
-            .checked_mul(dtype.itemsize())
-            .ok_or_else(|| Error::invalid(format!("shape {shape:?} is too large")))?;
         if device != Device::Cpu {
             crate::cuda::require(device)?;
         }
-        let storage = match device {
-            Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
-            Device::Cuda(n) => Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?),
-            Device::CudaHost => Storage::Cuda(CudaAlloc::pinned(bytes, zeroed)?),
-            Device::CudaManaged => Storage::Cuda(CudaAlloc::managed(bytes, zeroed)?),
-        };
-        let array = Array {
-            buffer: Arc::new(Buffer::owned(storage)),
-            layout,
-            dtype,
-            device,
-            readonly: false,
-        };
+        let array = Self::over_new_storage(shape, dtype, device, |bytes| {
+            Ok(match device {
+                Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
+                Device::Cuda(n) => Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?),
+                Device::CudaHost => Storage::Cuda(CudaAlloc::pinned(bytes, zeroed)?),
+                Device::CudaManaged => Storage::Cuda(CudaAlloc::managed(bytes, zeroed)?),
+            })
+        })?;
         // A pool allocation (and its zeroing) is work queued on `stream`: other streams order
         // after it as after a write.
         Ok(match device {
-            Device::Cuda(_) if bytes == 0 => array,
+            Device::Cuda(_) if array.numel() == 0 => array,
             Device::Cuda(_) if stream == crate::cuda::stream::LEGACY => array.with_legacy_write(),
             Device::Cuda(n) => {
                 let event = Event::record(stream, n)?;

@@ -265,6 +265,9 @@ impl Layout {
     /// everything the smaller ones reach. Layouts that interleave dimensions without sharing
     /// (rare, and never produced by slicing or transposing) are also reported.
     pub fn may_overlap_itself(&self) -> bool {
+        if self.numel() <= 1 {
+            return false;
+        }
         let mut dims: Vec<(usize, usize)> = self
             .shape
             .iter()
@@ -272,13 +275,12 @@ impl Layout {
             .filter(|(&d, _)| d > 1)
             .map(|(&d, &s)| (s.unsigned_abs(), d))
             .collect();
-        if self.numel() <= 1 {
-            return false;
-        }
         dims.sort_unstable();
+        // Everything the smaller strides reach, in elements from the first (a zero stride
+        // reaches nothing new, so it fails the test at once).
         let mut reach: usize = 0;
         for (stride, extent) in dims {
-            if stride <= reach || stride == 0 {
+            if stride <= reach {
                 return true;
             }
             reach = match stride

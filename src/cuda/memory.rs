@@ -172,6 +172,7 @@ pub fn empty_cache(ordinal: u32) -> Result<()> {
     context::synchronize(ordinal)?;
     free::drain();
     super::release::flush();
+    // The flush queued frees of its own: they must have run for the trim to see the memory.
     context::synchronize(ordinal)?;
     trim(ordinal)
 }

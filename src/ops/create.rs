@@ -101,7 +101,7 @@ pub fn check_value_kind(value: Scalar, dtype: DType, op: &'static str) -> Result
 }
 
 /// The values an integer dtype holds, or `None` for other kinds.
-pub fn int_range(dtype: DType) -> Option<(i128, i128)> {
+fn int_range(dtype: DType) -> Option<(i128, i128)> {
     let bits = 8 * dtype.itemsize() as u32;
     match dtype.kind() {
         Kind::Int => Some((-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)),

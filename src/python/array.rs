@@ -32,7 +32,7 @@ impl PyArray {
 
     /// The one element as a Python bool, int, float or complex (device memory is copied to the
     /// host, after its pending work).
-    fn python_scalar(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    fn element(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let _restore = crate::cuda::context::Restore::new();
         let src = &self.inner;
         let host = py.detach(|| ops::copy(src, src.dtype(), Device::Cpu))?;
@@ -56,7 +56,7 @@ impl PyArray {
                 "only 0-dimensional arrays can be converted to Python scalars",
             ));
         }
-        let value = self.python_scalar(py)?;
+        let value = self.element(py)?;
         Ok(py
             .import("builtins")?
             .getattr(builtin)?
@@ -163,7 +163,7 @@ impl PyArray {
     /// Whether the one element is non-zero, as numpy: an array of any other size is ambiguous.
     fn __bool__(&self, py: Python<'_>) -> PyResult<bool> {
         match self.inner.numel() {
-            1 => self.python_scalar(py)?.bind(py).is_truthy(),
+            1 => self.element(py)?.bind(py).is_truthy(),
             0 => Err(PyValueError::new_err(
                 "the truth value of an empty array is ambiguous; use a.size > 0",
             )),

@@ -426,10 +426,7 @@ pub fn cuda_record_stream(array: &Bound<'_, PyAny>, stream: &Bound<'_, PyAny>) -
     let array = array.cast::<PyArray>().map_err(|_| {
         pyo3::exceptions::PyTypeError::new_err(format!(
             "record_stream takes a cubridge.Array, not {}",
-            array
-                .get_type()
-                .name()
-                .map_or_else(|_| "?".into(), |n| n.to_string())
+            super::import::type_name(array)
         ))
     })?;
     let array = &array.get().inner;

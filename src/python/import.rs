@@ -132,6 +132,13 @@ pub fn readable(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
         || unsafe { pyo3::ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1)
 }
 
+/// The name of `obj`'s type, for messages.
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
+}
+
 /// TypeError when `obj.__dlpack__()` returns something that is not a capsule at all (asked
 /// again only on this error path, where dlpark's refusal does not tell it from a capsule of
 /// an unknown name; a capsule got here is released by its destructor).
@@ -142,12 +149,9 @@ fn not_a_capsule(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
     if is_capsule(&returned) {
         return None;
     }
-    let type_name = returned
-        .get_type()
-        .name()
-        .map_or_else(|_| "?".into(), |n| n.to_string());
     Some(PyTypeError::new_err(format!(
-        "__dlpack__ returned a {type_name}, not a DLPack capsule"
+        "__dlpack__ returned a {}, not a DLPack capsule",
+        type_name(&returned)
     )))
 }
 
@@ -159,12 +163,9 @@ fn unsupported_dtype(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
         return None;
     }
     let shown = dtype.str().map_or_else(|_| "?".into(), |s| s.to_string());
-    let type_name = obj
-        .get_type()
-        .name()
-        .map_or_else(|_| "?".into(), |n| n.to_string());
     Some(PyTypeError::new_err(format!(
-        "unsupported dtype: cubridge cannot read a {type_name} of dtype {shown}"
+        "unsupported dtype: cubridge cannot read a {} of dtype {shown}",
+        type_name(obj)
     )))
 }
 
@@ -291,18 +292,23 @@ fn has_exchange_table(obj: &Bound<'_, PyAny>) -> bool {
         .unwrap_or(false)
 }
 
-/// `obj.__dlpack__` called by cubridge itself, for a producer whose exchange table may not be
-/// used (dlpark's import request would consult it): a versioned capsule is asked for, with
-/// `consumer` as the stream of a CUDA producer. A producer that predates `max_version` raises
-/// TypeError, which the caller answers with a legacy request.
-fn protocol_capsule<'py>(obj: &Bound<'py, PyAny>, consumer: Stream) -> PyResult<Bound<'py, PyAny>> {
-    let py = obj.py();
+/// `obj.__dlpack__` called by cubridge itself, with `consumer` as the stream of a CUDA producer
+/// (cubridge numbers streams as DLPack does) and `max_version` when given. For producers whose
+/// exchange table may not be used (dlpark's import request would consult it), and for those
+/// that predate `max_version`, asked again the legacy way.
+fn protocol_capsule<'py>(
+    obj: &Bound<'py, PyAny>,
+    consumer: Stream,
+    max_version: Option<(u32, u32)>,
+) -> PyResult<Bound<'py, PyAny>> {
     let on_cuda = obj
         .call_method0("__dlpack_device__")
         .and_then(|d| d.extract::<(u32, i32)>())
         .is_ok_and(|(t, _)| t == DLDeviceType::CUDA.0);
-    let kwargs = pyo3::types::PyDict::new(py);
-    kwargs.set_item("max_version", (1u32, 3u32))?;
+    let kwargs = pyo3::types::PyDict::new(obj.py());
+    if let Some(version) = max_version {
+        kwargs.set_item("max_version", version)?;
+    }
     if on_cuda {
         kwargs.set_item("stream", consumer.dlpack())?;
     }
@@ -342,7 +348,7 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
             return dlpark_import(obj.as_borrowed(), None, None);
         }
         if has_exchange_table(obj) && !exchange_table_usable(obj) {
-            let capsule = protocol_capsule(obj, consumer)?;
+            let capsule = protocol_capsule(obj, consumer, Some((1, 3)))?;
             return dlpark_import(capsule.as_borrowed(), None, None);
         }
         let request = ImportRequest::new(obj.as_borrowed())?;
@@ -371,19 +377,7 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
     let imported = match attempt() {
         Ok(imported) => imported,
         Err(e) if e.is_instance_of::<PyTypeError>(py) && !is_capsule(obj) => {
-            let on_cuda = obj
-                .call_method0("__dlpack_device__")
-                .and_then(|d| d.extract::<(u32, i32)>())
-                .is_ok_and(|(t, _)| t == DLDeviceType::CUDA.0);
-            let capsule = if on_cuda {
-                // cubridge numbers streams as DLPack does, so the number is the argument.
-                let kwargs = pyo3::types::PyDict::new(py);
-                kwargs.set_item("stream", consumer.dlpack())?;
-                obj.call_method("__dlpack__", (), Some(&kwargs))
-            } else {
-                obj.call_method0("__dlpack__")
-            }
-            .map_err(|_| e)?;
+            let capsule = protocol_capsule(obj, consumer, None).map_err(|_| e)?;
             dlpark_import(capsule.as_borrowed(), None, None)?
         }
         Err(e) => return Err(e),

@@ -2,7 +2,7 @@
 //! `cupy.cuda.Stream`, `__cuda_stream__` objects, `cubridge.cuda.Stream`) and handing cubridge's
 //! consumer stream to DLPack producers.
 
-use crate::cuda::stream::{self as cs, Stream, LEGACY, PER_THREAD};
+use crate::cuda::stream::{self as cs, Stream, LEGACY};
 use crate::error::Error;
 use dlpark::ffi::{DLDevice, DLDeviceType};
 use dlpark::python::consumer::stream as dlstream;
@@ -62,9 +62,9 @@ unsafe impl DlpackStream for Consumer {
         if device.device_type != DLDeviceType::CUDA {
             return Ok(dlstream::none());
         }
+        // DLPack passes the legacy default stream as NULL, any other stream as its handle.
         let raw = match self.0 {
             LEGACY => std::ptr::null_mut(),
-            PER_THREAD => PER_THREAD.handle().cast(),
             s => s.handle().cast(),
         };
         Ok(dlstream::cuda(raw))
