@@ -115,6 +115,23 @@ enum AddPart {
 type FunctionCache = HashMap<(u32, Module), &'static [usize]>;
 static CACHE: Mutex<Option<FunctionCache>> = Mutex::new(None);
 
+/// The same for programs given as source (users' kernels), keyed by everything that makes them.
+type SourceCache = HashMap<(u32, Program), &'static [usize]>;
+static SOURCES: Mutex<Option<SourceCache>> = Mutex::new(None);
+
+/// CUDA C++ to compile with NVRTC and the `extern "C"` functions to find in it.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Program {
+    /// Names the program in the disk cache's errors (`name.cu` in NVRTC's log).
+    pub name: String,
+    /// The whole source.
+    pub source: String,
+    /// NVRTC options beyond the architecture (C++17 unless one of them sets a standard).
+    pub options: Vec<String>,
+    /// The functions to find, in the order [`program`] returns them.
+    pub functions: Vec<String>,
+}
+
 /// The compute capability of `ordinal` as a number (9.0 → 90).
 fn arch(ordinal: u32) -> Result<u32> {
     use sys::CUdevice_attribute::*;
@@ -123,23 +140,16 @@ fn arch(ordinal: u32) -> Result<u32> {
     Ok((major * 10 + minor) as u32)
 }
 
-/// The functions `names` of `module` on `ordinal`, compiling and loading it on first use
-/// (`wrappers`, appended to the kernel source, are built only then). A cache hit costs one
-/// lock and one hash lookup.
-fn functions(
-    ordinal: u32,
-    module: Module,
-    build: impl FnOnce() -> (String, String, Vec<String>),
-) -> Result<&'static [usize]> {
-    let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    let cache = guard.get_or_insert_with(HashMap::new);
-    if let Some(&found) = cache.get(&(ordinal, module)) {
-        return Ok(found);
-    }
-    let (key, wrappers, names) = build();
+/// Compiles `program` for `ordinal` (or reads its PTX from the disk cache), loads it into the
+/// device's context, and finds its functions.
+fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     context::bind(ordinal)?;
-    let source = format!("{SOURCE}\n{wrappers}");
-    let ptx = nvrtc::compile(&source, &key, arch(ordinal)?)?;
+    let ptx = nvrtc::compile(
+        &program.source,
+        &program.name,
+        arch(ordinal)?,
+        &program.options,
+    )?;
     let image = CString::new(ptx).map_err(|_| crate::Error::invalid("PTX contains NUL"))?;
     // SAFETY: `image` is NUL-terminated PTX; a context is current. The module stays loaded for
     // the process (its functions are cached).
@@ -148,19 +158,59 @@ fn functions(
         "loading a compiled kernel module",
     )?;
     let mut found = Vec::new();
-    for name in names {
-        let cname =
-            CString::new(name).map_err(|_| crate::Error::invalid("a kernel name has a NUL"))?;
+    for name in &program.functions {
+        let cname = CString::new(name.as_str())
+            .map_err(|_| crate::Error::invalid("a kernel name has a NUL"))?;
         // SAFETY: `loaded` is a loaded module; `cname` is NUL-terminated.
         let f = check(
             unsafe { result::module::get_function(loaded, cname) },
-            "finding a kernel in its module",
+            &format!("finding kernel `{name}` in its module"),
         )?;
         found.push(f as usize);
     }
-    let found: &'static [usize] = Vec::leak(found);
+    Ok(Vec::leak(found))
+}
+
+/// The functions of one of cubridge's own `module`s on `ordinal`, compiling and loading it on
+/// first use (`build` makes its program only then). A cache hit costs one lock and one hash
+/// lookup.
+fn functions(
+    ordinal: u32,
+    module: Module,
+    build: impl FnOnce() -> Program,
+) -> Result<&'static [usize]> {
+    let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = guard.get_or_insert_with(HashMap::new);
+    if let Some(&found) = cache.get(&(ordinal, module)) {
+        return Ok(found);
+    }
+    let found = load(ordinal, &build())?;
     cache.insert((ordinal, module), found);
     Ok(found)
+}
+
+/// The functions of `program` on `ordinal` (`CUfunction`s, in the order of
+/// `program.functions`), compiled and loaded once per process and device. Callers that launch
+/// often keep what this returns: a lookup hashes the whole source.
+pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
+    let mut guard = SOURCES.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = guard.get_or_insert_with(HashMap::new);
+    if let Some(&found) = cache.get(&(ordinal, program.clone())) {
+        return Ok(found);
+    }
+    let found = load(ordinal, program)?;
+    cache.insert((ordinal, program.clone()), found);
+    Ok(found)
+}
+
+/// A program of cubridge's own: the kernel source with `wrappers` appended.
+fn own(name: String, wrappers: String, functions: &[&str]) -> Program {
+    Program {
+        name,
+        source: format!("{SOURCE}\n{wrappers}"),
+        options: Vec::new(),
+        functions: functions.iter().map(|f| f.to_string()).collect(),
+    }
 }
 
 /// Index width of a kernel variant: 32-bit arithmetic where every index and offset fits.
@@ -299,7 +349,7 @@ fn add_module(
             Second::Array => format!("add_{a}_{b}_{r}{part}_{suffix}"),
             Second::Value => format!("add_scalar_{a}{part}_{suffix}"),
         };
-        (key, wrappers, names.iter().map(|n| n.to_string()).collect())
+        own(key, wrappers, names)
     })
 }
 
@@ -311,11 +361,7 @@ pub fn gather(ordinal: u32, dtype: DType) -> Result<sys::CUfunction> {
             "extern \"C\" __global__ void cb_gather({t}* o, const {t}* s, long long n, \
              Geometry g) {{ gather<{t}>(o, s, n, g); }}\n"
         );
-        (
-            format!("gather_{dtype}"),
-            wrappers,
-            vec!["cb_gather".to_string()],
-        )
+        own(format!("gather_{dtype}"), wrappers, &["cb_gather"])
     })?;
     Ok(f[0] as sys::CUfunction)
 }

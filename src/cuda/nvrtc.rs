@@ -109,10 +109,12 @@ fn cache_dir() -> Option<PathBuf> {
 }
 
 /// PTX for `source` on compute capability `arch` (e.g. 90), from the disk cache when present.
-/// `name` names the program in errors.
-pub fn compile(source: &str, name: &str, arch: u32) -> Result<String> {
+/// `name` names the program in errors; `extra` are further NVRTC options (`-DNAME=1`,
+/// `--use_fast_math`, ...), part of the cache key. A compile error carries NVRTC's log and,
+/// after it, the source lines the log points at.
+pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<String> {
     let mut hasher = DefaultHasher::new();
-    (env!("CARGO_PKG_VERSION"), source, arch).hash(&mut hasher);
+    (env!("CARGO_PKG_VERSION"), source, arch, extra).hash(&mut hasher);
     let key = format!("{:016x}.ptx", hasher.finish());
     let cached = cache_dir().map(|d| d.join(&key));
     if let Some(path) = &cached {
@@ -135,17 +137,25 @@ pub fn compile(source: &str, name: &str, arch: u32) -> Result<String> {
         .map(|d| d.display().to_string())
         .collect();
     include_paths.dedup();
+    // C++17 unless the caller chose a standard.
+    let mut options: Vec<String> = extra.to_vec();
+    if !extra.iter().any(|o| o.starts_with("--std") || o.starts_with("-std")) {
+        options.push("--std=c++17".into());
+    }
+    let file = format!("{name}.cu");
     let options = CompileOptions {
         arch: Some(arch_flag),
         include_paths,
-        options: vec!["--std=c++17".into()],
-        name: Some(format!("{name}.cu")),
+        options,
+        name: Some(file.clone()),
         ..Default::default()
     };
     let ptx = compile_ptx_with_opts(source, options).map_err(|e| Error::Compile {
         kernel: name.to_string(),
         log: match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            CompileError::CompileError { log, .. } => {
+                with_source_lines(&log.to_string_lossy(), &file, source)
+            }
             other => format!("{other:?}"),
         },
     })?;
@@ -161,4 +171,42 @@ pub fn compile(source: &str, name: &str, arch: u32) -> Result<String> {
         }
     }
     Ok(text)
+}
+
+/// NVRTC's `log`, followed by each line of `source` that it points at (`file(LINE): ...`), at
+/// most ten, so that an error in generated or user code shows the code.
+fn with_source_lines(log: &str, file: &str, source: &str) -> String {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut seen = Vec::new();
+    for entry in log.lines() {
+        let Some(rest) = entry.strip_prefix(file).and_then(|r| r.strip_prefix('(')) else {
+            continue;
+        };
+        let Some(number) = rest.split(')').next().and_then(|n| n.parse::<usize>().ok()) else {
+            continue;
+        };
+        if number >= 1 && number <= lines.len() && !seen.contains(&number) && seen.len() < 10 {
+            seen.push(number);
+        }
+    }
+    let mut out = log.trim_end().to_string();
+    for number in seen {
+        out.push_str(&format!("\n  line {number}: {}", lines[number - 1].trim()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn compile_errors_quote_their_lines() {
+        let source = "int a;\nint b = nope;\nint c;\n";
+        let log = "k.cu(2): error: identifier \"nope\" is undefined\n\n1 error detected\n";
+        let out = super::with_source_lines(log, "k.cu", source);
+        assert!(out.starts_with("k.cu(2): error"), "{out}");
+        assert!(out.ends_with("line 2: int b = nope;"), "{out}");
+        // Lines past the end, and other files, are not quoted.
+        let out = super::with_source_lines("k.cu(9): error: x\nother.h(1): y", "k.cu", source);
+        assert!(!out.contains("line "), "{out}");
+    }
 }

@@ -6,6 +6,7 @@ use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
 use crate::cuda::stream::Stream;
 use crate::cuda::{kernels, launch, stream as cuda_stream};
+use crate::ops::launch::Launch;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{shape_str, Error, Result};
@@ -30,20 +31,24 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) ->
     };
     let device = common_device(&[a, b], out)?;
     let stream = stream.unwrap_or(cuda_stream::LEGACY);
-    let capture = Capture::of(device, stream)?;
-    let out = match out {
-        Some(out) => {
+    let launch = match device {
+        Device::Cuda(_) => Some(Launch::begin(device, stream)?),
+        _ => None,
+    };
+    let out = match (out, &launch) {
+        (Some(out), _) => {
             check_out(out, &shape, dtype, &[a, b])?;
             out.clone()
         }
-        None => new_result(&shape, dtype, device, stream, &capture)?,
+        (None, Some(launch)) => launch.empty(&shape, dtype)?,
+        (None, None) => Array::empty(&shape, dtype, device)?,
     };
     if out.numel() == 0 {
         return Ok(out);
     }
     let (a_b, b_b) = (broadcast(a, &shape)?, broadcast(b, &shape)?);
-    if let Device::Cuda(n) = device {
-        return add_cuda(n, stream, &a_b, Second::Array(&b_b), out, capture);
+    if let Some(launch) = launch {
+        return add_cuda(launch, &a_b, Second::Array(&b_b), out);
     }
     let (order, strides) = order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
     let plan = coalesce(&order, [&strides[0], &strides[1], &strides[2]]);
@@ -75,90 +80,23 @@ pub fn add_scalar(
 ) -> Result<Array> {
     let dtype = a.dtype();
     crate::ops::create::check_value_kind(value, dtype, "add")?;
-    let Device::Cuda(n) = common_device(&[a], out)? else {
+    let device = common_device(&[a], out)?;
+    let Device::Cuda(_) = device else {
         let b = crate::ops::full(&[], value, dtype, Device::Cpu)?;
         return add(a, &b, out, stream);
     };
-    let stream = stream.unwrap_or(cuda_stream::LEGACY);
-    let capture = Capture::of(Device::Cuda(n), stream)?;
+    let launch = Launch::begin(device, stream.unwrap_or(cuda_stream::LEGACY))?;
     let out = match out {
         Some(out) => {
             check_out(out, a.shape(), dtype, &[a])?;
             out.clone()
         }
-        None => new_result(a.shape(), dtype, a.device(), stream, &capture)?,
+        None => launch.empty(a.shape(), dtype)?,
     };
     if out.numel() == 0 {
         return Ok(out);
     }
-    add_cuda(n, stream, a, Second::Value(value), out, capture)
-}
-
-/// Whether a CUDA add runs into a graph that its stream is capturing. Then the thread is put in
-/// the relaxed capture mode for the call (the kernel lookup may load a module, the result's
-/// allocation waits for the legacy default stream: both refused, and fatal to the capture,
-/// in the global mode), and the add records no events and holds no buffers: the graph's
-/// replays use its operands at times nobody knows, so, as with PyTorch's graphs, the caller
-/// keeps them alive while it may replay, and cubridge frees its own memory that a graph used
-/// only after waiting for the device.
-enum Capture {
-    No,
-    Yes {
-        _relaxed: cuda_stream::RelaxedCapture,
-    },
-}
-
-impl Capture {
-    fn of(device: Device, stream: Stream) -> Result<Capture> {
-        match device {
-            Device::Cuda(n) if cuda_stream::is_capturing(stream, n)? => {
-                crate::cuda::free::note_capture(n, stream);
-                Ok(Capture::Yes {
-                    _relaxed: cuda_stream::RelaxedCapture::new(),
-                })
-            }
-            _ => Ok(Capture::No),
-        }
-    }
-}
-
-/// A new array for the result of an add on `stream`. Under capture its memory is taken outside
-/// the graph and outside the pool (a graph allocation would not outlive a replay, and the pool
-/// would need a stream the capture allows), ready before the capture continues.
-fn new_result(
-    shape: &[usize],
-    dtype: DType,
-    device: Device,
-    stream: Stream,
-    capture: &Capture,
-) -> Result<Array> {
-    match (capture, device) {
-        (Capture::Yes { .. }, Device::Cuda(n)) => Array::empty_for_capture(shape, dtype, n),
-        _ => Array::empty_on(shape, dtype, device, stream),
-    }
-}
-
-/// Refuses an operand of a captured add whose last write is neither done nor on the capturing
-/// stream: a graph cannot wait for work outside it. A write on the legacy default stream counts
-/// as done: that stream may not even be queried during a capture, and `torch.cuda.graph`
-/// synchronizes the device as it begins.
-fn check_captured_operand(x: &Array, stream: Stream) -> Result<()> {
-    let Some(write) = x.buffer().last_write() else {
-        return Ok(());
-    };
-    let done = match &write.event {
-        _ if write.stream == stream => true,
-        Some(event) => event.is_done(),
-        None => true,
-    };
-    if done {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            "an operand of an add captured into a CUDA graph still has work pending on another \
-             stream; synchronize before capturing",
-        ))
-    }
+    add_cuda(launch, a, Second::Value(value), out)
 }
 
 /// The second input of a CUDA add: an array, or one value for every element.
@@ -227,24 +165,14 @@ fn pairs_fit(plan: &Coalesced<3>, tile: i32, pointers: [*mut u8; 3]) -> bool {
         })
 }
 
-fn add_cuda(
-    ordinal: u32,
-    stream: Stream,
-    a: &Array,
-    b: Second<'_>,
-    out: Array,
-    capture: Capture,
-) -> Result<Array> {
+fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
+    let (ordinal, stream) = (launch.ordinal(), launch.stream());
     let b_array = match b {
         Second::Array(b) => Some(b),
         Second::Value(_) => None,
     };
-    for operand in [Some(a), b_array, Some(&out)].into_iter().flatten() {
-        match capture {
-            Capture::No => operand.order_before(stream)?,
-            Capture::Yes { .. } => check_captured_operand(operand, stream)?,
-        }
-    }
+    let inputs: Vec<&Array> = [Some(a), b_array].into_iter().flatten().collect();
+    launch.order(&[&inputs[..], &[&out]].concat())?;
     let n = out.numel();
     // Operands that are all C-contiguous over one shape (the common case) are one flat run;
     // anything else is reordered and coalesced first. A value reads as stride 0 everywhere.
@@ -370,7 +298,6 @@ fn add_cuda(
     } else {
         kernels::grid(ordinal, grid, block.0 * block.1)?
     };
-    crate::cuda::context::bind(ordinal)?;
     // SAFETY: the first `used` parameters match the chosen kernel's signature in kernels::add
     // and kernels::add_tiled (out's and a's pointers; b's pointer, or for Second::Value a
     // 16-byte-aligned element of b's dtype, which is the kernel's `Splat` parameter; then n, or
@@ -381,47 +308,21 @@ fn add_cuda(
     // inputs along rows (transposed_inputs; a value has stride 0, so it is never tiled), which
     // it assumes. Every pointer addresses its operand's validated layout on this device, `out`
     // is writable and overlaps an input only exactly (checked); the arrays' buffers are kept
-    // valid until the kernel has run (Array::keep_until_run below), or, for a kernel captured
-    // into a graph, by the caller while it replays the graph (see `Capture`).
+    // valid until the kernel has run (Launch::finish below), or, for a kernel captured into a
+    // graph, by the caller while it replays the graph (see `Launch`). `order` made the device's
+    // context current.
     unsafe {
         launch::launch(
             function,
-            grid,
-            block,
+            (grid, 1, 1),
+            (block.0, block.1, 1),
             shared,
             stream.handle(),
             &mut params[..used],
         )?
     };
-    if let Capture::Yes { .. } = capture {
-        // Memory of cubridge's that the graph uses is freed only after waiting for the device.
-        for operand in [Some(a), b_array, Some(&out)].into_iter().flatten() {
-            operand.record_unknown_consumer();
-        }
-        return Ok(out);
-    }
-    // On the legacy default stream, which runs its work in order, an event recorded later still
-    // follows this kernel: none is recorded now, only when somebody needs one (the releaser of
-    // the buffers, a consumer on another stream). Any other stream gets its event at once: its
-    // handle may be destroyed by its owner before then.
-    let done = if stream == cuda_stream::LEGACY {
-        None
-    } else {
-        Some(std::sync::Arc::new(cuda_stream::Event::record(
-            stream, ordinal,
-        )?))
-    };
-    // A result dropped at once goes back to the pool at once, its free ordered after the
-    // kernel, for the next allocation of the stream.
-    let operands: Vec<&Array> = [Some(a), b_array, Some(&out)]
-        .into_iter()
-        .flatten()
-        .collect();
-    Array::keep_until_run(&operands, stream, done.clone(), ordinal);
-    Ok(match done {
-        Some(done) => out.with_pending(stream, done),
-        None => out.with_legacy_write(),
-    })
+    launch.finish(&inputs, &[&out])?;
+    Ok(out)
 }
 
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the

@@ -144,8 +144,12 @@ fn gather(src: &Array) -> Result<Array> {
     unsafe {
         launch::launch(
             function,
-            kernels::grid(n, count.div_ceil(launch::BLOCK as usize), launch::BLOCK)?,
-            (launch::BLOCK, 1),
+            (
+                kernels::grid(n, count.div_ceil(launch::BLOCK as usize), launch::BLOCK)?,
+                1,
+                1,
+            ),
+            (launch::BLOCK, 1, 1),
             0,
             stream::LEGACY.handle(),
             &mut params,

@@ -4,6 +4,7 @@
 pub mod add;
 pub mod copy;
 pub mod create;
+pub mod launch;
 
 pub use add::add;
 pub use copy::copy;

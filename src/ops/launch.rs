@@ -1,0 +1,164 @@
+//! Work that cubridge queues on a CUDA stream over arrays it may not own, made in one way for
+//! every kernel: `add`, users' elementwise and raw kernels, and kernels that other crates launch
+//! on cubridge arrays.
+//!
+//! ```no_run
+//! # fn main() -> cubridge::Result<()> {
+//! use cubridge::ops::launch::Launch;
+//! use cubridge::{Array, DType, Device};
+//! let x = Array::zeros(&[1024], DType::Float32, Device::Cuda(0))?;
+//! let stream = cubridge::cuda::stream::LEGACY;
+//! let launch = Launch::begin(Device::Cuda(0), stream)?;
+//! let y = launch.empty(&[1024], DType::Float32)?;
+//! launch.order(&[&x, &y])?; // x's pending writes run before anything queued next
+//! // ... queue a kernel that reads x and writes y on launch.stream() ...
+//! launch.finish(&[&x], &[&y])?; // keeps x alive until it has run; y records the write
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::array::Array;
+use crate::cuda::stream::{self as cuda_stream, Event, RelaxedCapture, Stream};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// Work about to be queued on one stream of one CUDA device. Made with [`Launch::begin`] before
+/// the work's results are allocated ([`Launch::empty`]), told the operands with
+/// [`Launch::order`], and closed with [`Launch::finish`] once the work is queued.
+///
+/// When the stream is capturing a CUDA graph, the thread stays in the relaxed capture mode
+/// while the `Launch` lives (loading a module or allocating would otherwise end the capture),
+/// results come from memory outside the graph, and no events are recorded: the graph's replays
+/// use the operands at times nobody knows, so, as with PyTorch's graphs, the caller keeps them
+/// alive while it may replay, and cubridge frees its own memory that a graph used only after
+/// waiting for the device.
+pub struct Launch {
+    ordinal: u32,
+    stream: Stream,
+    capture: Option<RelaxedCapture>,
+}
+
+impl Launch {
+    /// Prepares work on `stream` (DLPack numbering) of `device`, which must be a CUDA device.
+    pub fn begin(device: Device, stream: Stream) -> Result<Launch> {
+        let Device::Cuda(ordinal) = device else {
+            return Err(Error::invalid(format!(
+                "a CUDA launch needs a CUDA device, not {device}"
+            )));
+        };
+        crate::cuda::require(device)?;
+        let capture = if cuda_stream::is_capturing(stream, ordinal)? {
+            crate::cuda::free::note_capture(ordinal, stream);
+            Some(RelaxedCapture::new())
+        } else {
+            None
+        };
+        Ok(Launch {
+            ordinal,
+            stream,
+            capture,
+        })
+    }
+
+    /// The stream the work runs on.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// Whether the stream is capturing a CUDA graph.
+    pub fn is_capturing(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// A new array for a result of the work, allocated on the work's stream (from the device's
+    /// pool; under capture, outside the graph and the pool, ready before the capture goes on).
+    pub fn empty(&self, shape: &[usize], dtype: DType) -> Result<Array> {
+        if self.is_capturing() {
+            Array::empty_for_capture(shape, dtype, self.ordinal)
+        } else {
+            Array::empty_on(shape, dtype, Device::Cuda(self.ordinal), self.stream)
+        }
+    }
+
+    /// Orders every operand's pending writes before the work: the stream waits for them on the
+    /// device, never on the host. Each operand must be on this launch's device. Under capture,
+    /// refuses an operand whose last write is neither done nor on the capturing stream (a graph
+    /// cannot wait for work outside it). Also makes the device's context current.
+    pub fn order(&self, operands: &[&Array]) -> Result<()> {
+        for operand in operands {
+            if operand.device() != Device::Cuda(self.ordinal) {
+                return Err(Error::DeviceMismatch {
+                    left: Device::Cuda(self.ordinal).to_string(),
+                    right: operand.device().to_string(),
+                });
+            }
+            if self.is_capturing() {
+                check_captured_operand(operand, self.stream)?;
+            } else {
+                operand.order_before(self.stream)?;
+            }
+        }
+        crate::cuda::context::bind(self.ordinal)
+    }
+
+    /// Closes the launch once its work is queued: every operand (`inputs` and `outputs`) stays
+    /// valid until that work has run, cubridge's pooled memory by ordering its free after it,
+    /// anything else by being held until then (never waiting on the host), and the `outputs`
+    /// record the work as their last write, which later users on other streams wait for.
+    pub fn finish(self, inputs: &[&Array], outputs: &[&Array]) -> Result<()> {
+        let all: Vec<&Array> = inputs.iter().chain(outputs).copied().collect();
+        if self.is_capturing() {
+            // Memory of cubridge's that a graph uses is freed only after waiting for the device.
+            for operand in all {
+                operand.record_unknown_consumer();
+            }
+            return Ok(());
+        }
+        // On the legacy default stream, which runs its work in order, an event recorded later
+        // still follows this work: none is recorded now, only when somebody needs one (the
+        // releaser of held buffers, a consumer on another stream). Any other stream gets its
+        // event at once: its owner may destroy it before then.
+        let done = if self.stream == cuda_stream::LEGACY {
+            None
+        } else {
+            Some(Arc::new(Event::record(self.stream, self.ordinal)?))
+        };
+        Array::keep_until_run(&all, self.stream, done.clone(), self.ordinal);
+        for out in outputs {
+            match &done {
+                Some(done) => out.with_pending(self.stream, done.clone()),
+                None => out.with_legacy_write(),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// Refuses an operand of captured work whose last write is neither done nor on the capturing
+/// stream. A write on the legacy default stream counts as done: that stream may not even be
+/// queried during a capture, and `torch.cuda.graph` synchronizes the device as it begins.
+fn check_captured_operand(x: &Array, stream: Stream) -> Result<()> {
+    let Some(write) = x.buffer().last_write() else {
+        return Ok(());
+    };
+    let done = match &write.event {
+        _ if write.stream == stream => true,
+        Some(event) => event.is_done(),
+        None => true,
+    };
+    if done {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "an operand of work captured into a CUDA graph still has work pending on another \
+             stream; synchronize before capturing",
+        ))
+    }
+}
