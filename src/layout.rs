@@ -349,42 +349,60 @@ pub fn order_by_first<const N: usize>(
     shape: &[usize],
     strides: [&[isize]; N],
 ) -> (Vec<usize>, [Vec<isize>; N]) {
+    let (shape, strides) = order_by_first_of(shape, &strides);
+    (shape, to_array(strides))
+}
+
+/// [`order_by_first`] for any number of operands (users' kernels take as many as they declare).
+pub fn order_by_first_of(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
     let mut order: Vec<usize> = (0..shape.len()).collect();
-    if N > 0 {
-        order.sort_by_key(|&d| std::cmp::Reverse(strides[0][d].unsigned_abs()));
+    if let Some(first) = strides.first() {
+        order.sort_by_key(|&d| std::cmp::Reverse(first[d].unsigned_abs()));
     }
     (
         order.iter().map(|&d| shape[d]).collect(),
-        std::array::from_fn(|k| order.iter().map(|&d| strides[k][d]).collect()),
+        strides
+            .iter()
+            .map(|s| order.iter().map(|&d| s[d]).collect())
+            .collect(),
     )
 }
 
 /// Coalesces operands that share `shape` (see [`Coalesced`]).
 pub fn coalesce<const N: usize>(shape: &[usize], strides: [&[isize]; N]) -> Coalesced<N> {
+    let (shape, strides) = coalesce_of(shape, &strides);
+    Coalesced {
+        shape,
+        strides: to_array(strides),
+    }
+}
+
+fn to_array<const N: usize>(v: Vec<Vec<isize>>) -> [Vec<isize>; N] {
+    let mut it = v.into_iter();
+    std::array::from_fn(|_| it.next().unwrap_or_default())
+}
+
+/// [`coalesce`] for any number of operands: the merged shape and each operand's strides.
+pub fn coalesce_of(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
+    let n = strides.len();
     if shape.contains(&0) {
-        return Coalesced {
-            shape: vec![0],
-            strides: std::array::from_fn(|_| vec![1]),
-        };
+        return (vec![0], vec![vec![1]; n]);
     }
     let keep: Vec<usize> = (0..shape.len()).filter(|&i| shape[i] != 1).collect();
     let mut out_shape: Vec<usize> = Vec::with_capacity(keep.len());
-    let mut out_strides: [Vec<isize>; N] = std::array::from_fn(|_| Vec::new());
+    let mut out_strides: Vec<Vec<isize>> = vec![Vec::new(); n];
     for &i in &keep {
         let mergeable = !out_shape.is_empty()
-            && (0..N).all(|k| {
-                let prev = *out_strides[k].last().expect("same length as out_shape");
-                prev == strides[k][i] * shape[i] as isize
-            });
+            && (0..n).all(|k| out_strides[k].last() == Some(&(strides[k][i] * shape[i] as isize)));
         if mergeable {
             let last = out_shape.len() - 1;
             out_shape[last] *= shape[i];
-            for k in 0..N {
+            for k in 0..n {
                 out_strides[k][last] = strides[k][i];
             }
         } else {
             out_shape.push(shape[i]);
-            for k in 0..N {
+            for k in 0..n {
                 out_strides[k].push(strides[k][i]);
             }
         }
@@ -395,10 +413,7 @@ pub fn coalesce<const N: usize>(shape: &[usize], strides: [&[isize]; N]) -> Coal
             s.push(1);
         }
     }
-    Coalesced {
-        shape: out_shape,
-        strides: out_strides,
-    }
+    (out_shape, out_strides)
 }
 
 #[cfg(test)]

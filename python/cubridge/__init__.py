@@ -2,7 +2,8 @@
 run directly on memory cubridge does not own.
 
 Arrays cross through DLPack (``__dlpack__``), the buffer protocol and, for CUDA memory, the CUDA
-array interface; ``cubridge.add`` runs on any of them in place.
+array interface; ``cubridge.add``, and users' own ``ElementwiseKernel`` and ``RawKernel``, run on
+any of them in place.
 """
 
 from . import cuda
@@ -12,6 +13,8 @@ from ._cubridge import (
     CudaError,
     CudaUnavailableError,
     Device,
+    ElementwiseKernel,
+    RawKernel,
     __version__,
     add,
     arange,
@@ -45,6 +48,8 @@ __all__ = [
     "CudaError",
     "CudaUnavailableError",
     "Device",
+    "ElementwiseKernel",
+    "RawKernel",
     "__version__",
     "add",
     "arange",

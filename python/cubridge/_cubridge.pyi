@@ -133,3 +133,42 @@ def cuda_empty_cache(device: _Device = None) -> None: ...
 def cuda_memory_stats(device: _Device = None) -> dict[str, int]: ...
 def cuda_record_stream(array: Any, stream: Any) -> None: ...
 def _add_nvrtc_search_dirs(dirs: list[str]) -> None: ...
+
+class ElementwiseKernel:
+    """An elementwise kernel in CuPy's syntax, run on CUDA arrays of any producer."""
+
+    def __new__(
+        cls,
+        in_params: str,
+        out_params: str,
+        operation: str,
+        name: str = "kernel",
+        *,
+        preamble: str = "",
+    ) -> ElementwiseKernel: ...
+    @property
+    def name(self) -> str: ...
+    def __call__(
+        self,
+        *args: Any,
+        out: Any | None = None,
+        stream: Any | None = None,
+        size: int | None = None,
+    ) -> Any: ...
+
+class RawKernel:
+    """A CUDA kernel from source (``extern "C"``), launched on arrays of any producer."""
+
+    def __new__(cls, source: str, name: str, *, options: Sequence[str] = ()) -> RawKernel: ...
+    @property
+    def name(self) -> str: ...
+    def compile(self, device: _Device = None) -> None: ...
+    def __call__(
+        self,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        args: tuple[Any, ...] | list[Any],
+        *,
+        shared_mem: int = 0,
+        stream: Any | None = None,
+    ) -> None: ...

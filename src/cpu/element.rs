@@ -52,6 +52,17 @@ pub trait Widen<R> {
 }
 
 impl Scalar {
+    /// The dtype a Python value of this kind takes by default: bool, int64, and the Array
+    /// API's float32 and complex64.
+    pub fn default_dtype(self) -> DType {
+        match self {
+            Scalar::Bool(_) => DType::Bool,
+            Scalar::Int(_) => DType::Int64,
+            Scalar::Float(_) => DType::Float32,
+            Scalar::Complex(..) => DType::Complex64,
+        }
+    }
+
     /// What the value came in as, for messages: "a Python int", say.
     pub fn kind_name(self) -> &'static str {
         match self {

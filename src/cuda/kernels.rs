@@ -213,6 +213,24 @@ fn own(name: String, wrappers: String, functions: &[&str]) -> Program {
     }
 }
 
+/// Most elements (and element offsets) the 32-bit kernels take, with room for a grid-stride step
+/// past the end.
+pub const I32_LIMIT: usize = (i32::MAX as usize) - (1 << 24);
+
+/// Whether every index and element offset of a loop over `n` elements of `shape`, with each
+/// operand's element `strides`, fits the 32-bit kernels.
+pub fn fits_32_bits(n: usize, shape: &[usize], strides: &[&[isize]]) -> bool {
+    n <= I32_LIMIT
+        && strides.iter().all(|strides| {
+            let mut reach: usize = 0;
+            for (&extent, &stride) in shape.iter().zip(strides.iter()) {
+                let span = (extent.saturating_sub(1)).saturating_mul(stride.unsigned_abs());
+                reach = reach.saturating_add(span);
+            }
+            reach <= I32_LIMIT
+        })
+}
+
 /// Index width of a kernel variant: 32-bit arithmetic where every index and offset fits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Index {

@@ -89,6 +89,12 @@ pub fn unavailable(device: Device) -> Error {
     Error::CudaUnavailable(format!("{device} was requested but {why}"))
 }
 
+/// The error for `what` (a kernel, say), which needs CUDA, on a machine without it.
+pub fn unavailable_for(what: &str) -> Error {
+    let why = probe().clone().unwrap_or_else(|| "it is not usable".into());
+    Error::CudaUnavailable(format!("{what} runs on CUDA devices, but {why}"))
+}
+
 /// The driver's name for an error code (`CUDA_ERROR_...`).
 pub fn name(e: &DriverError) -> String {
     e.error_name()

@@ -139,7 +139,10 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
     include_paths.dedup();
     // C++17 unless the caller chose a standard.
     let mut options: Vec<String> = extra.to_vec();
-    if !extra.iter().any(|o| o.starts_with("--std") || o.starts_with("-std")) {
+    if !extra
+        .iter()
+        .any(|o| o.starts_with("--std") || o.starts_with("-std"))
+    {
         options.push("--std=c++17".into());
     }
     let file = format!("{name}.cu");

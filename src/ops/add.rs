@@ -6,11 +6,11 @@ use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
 use crate::cuda::stream::Stream;
 use crate::cuda::{kernels, launch, stream as cuda_stream};
-use crate::ops::launch::Launch;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{shape_str, Error, Result};
 use crate::layout::{broadcast_shapes, coalesce, order_by_first, Coalesced};
+use crate::ops::launch::Launch;
 use std::borrow::Cow;
 use std::ffi::c_void;
 
@@ -118,22 +118,10 @@ fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
     })
 }
 
-/// Most elements (and element offsets) the 32-bit kernels take, with room for a grid-stride step
-/// past the end.
-const I32_LIMIT: usize = (i32::MAX as usize) - (1 << 24);
-
-/// Whether every index and element offset of `plan` over `n` elements fits the 32-bit kernels,
-/// with room for a grid-stride step past the end.
+/// Whether every index and element offset of `plan` over `n` elements fits the 32-bit kernels.
 fn fits_32_bits<const N: usize>(plan: &Coalesced<N>, n: usize) -> bool {
-    n <= I32_LIMIT
-        && plan.strides.iter().all(|strides| {
-            let mut reach: usize = 0;
-            for (&extent, &stride) in plan.shape.iter().zip(strides) {
-                let span = (extent.saturating_sub(1)).saturating_mul(stride.unsigned_abs());
-                reach = reach.saturating_add(span);
-            }
-            reach <= I32_LIMIT
-        })
+    let strides: Vec<&[isize]> = plan.strides.iter().map(|s| &s[..]).collect();
+    kernels::fits_32_bits(n, &plan.shape, &strides)
 }
 
 /// Which inputs of a 2-D plan are transposed views (unit stride along rows, a real stride along
@@ -204,7 +192,7 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     };
     let dtypes = [a.dtype(), b_dtype, out.dtype()];
     let index = match &plan {
-        None if n <= I32_LIMIT => kernels::Index::I32,
+        None if n <= kernels::I32_LIMIT => kernels::Index::I32,
         Some(plan) if fits_32_bits(plan, n) => kernels::Index::I32,
         _ => kernels::Index::I64,
     };
@@ -377,7 +365,12 @@ fn elements_disjoint(a: &Array, b: &Array) -> bool {
     d >= a.dtype().itemsize() as i128 && g - d >= b.dtype().itemsize() as i128
 }
 
-fn check_out(out: &Array, shape: &[usize], dtype: DType, inputs: &[&Array]) -> Result<()> {
+pub(crate) fn check_out(
+    out: &Array,
+    shape: &[usize],
+    dtype: DType,
+    inputs: &[&Array],
+) -> Result<()> {
     if out.shape() != shape {
         return Err(Error::invalid(format!(
             "out has shape {} but the result has shape {}",

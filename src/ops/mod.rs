@@ -4,7 +4,9 @@
 pub mod add;
 pub mod copy;
 pub mod create;
+pub mod elementwise;
 pub mod launch;
+pub mod raw;
 
 pub use add::add;
 pub use copy::copy;

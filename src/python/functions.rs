@@ -228,17 +228,8 @@ pub fn add(
     ]
     .map(|o| o.and_then(exchanged));
     if let (Some(o), Some(_)) = (out, &ex_out) {
-        // The table skips the refusal torch's __dlpack__ makes: a write behind autograd's back
-        // would leave the version counter still and the gradients wrong.
-        if o.getattr(pyo3::intern!(py, "requires_grad"))
-            .and_then(|r| r.is_truthy())
-            .unwrap_or(false)
-        {
-            return Err(pyo3::exceptions::PyBufferError::new_err(
-                "out requires grad: writing it in place would hide the write from autograd; \
-                 pass out.detach() or a tensor that does not require grad",
-            ));
-        }
+        // The table skips the refusal torch's __dlpack__ makes.
+        super::operands::refuse_autograd_write(o, "out")?;
     }
     let kernel_stream = explicit
         .or_else(|| {

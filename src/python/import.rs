@@ -473,12 +473,7 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
 
 /// The dtype a Python scalar takes by default (the Array API's defaults, float32 for floats).
 pub fn default_dtype(value: Scalar) -> DType {
-    match value {
-        Scalar::Bool(_) => DType::Bool,
-        Scalar::Int(_) => DType::Int64,
-        Scalar::Float(_) => DType::Float32,
-        Scalar::Complex(..) => DType::Complex64,
-    }
+    value.default_dtype()
 }
 
 /// The wider kind of two default dtypes (bool < int < float < complex).

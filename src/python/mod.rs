@@ -1,5 +1,11 @@
 //! Python bindings (the `python` feature). Thin: each function converts its arguments, calls the
 //! core, and converts back.
+//!
+//! For authors of their own pyo3 extensions, this module is also the way in: [`AnyArray`]
+//! takes any Python array as a `#[pyfunction]` argument, [`work_stream`] picks the stream a
+//! kernel belongs on, [`crate::ops::launch::Launch`] orders and keeps alive what a launch uses,
+//! and [`PyArray`] hands a cubridge [`crate::Array`] back to Python (see the README's "Writing
+//! your own extension" and `examples/extension`).
 
 mod array;
 mod buffer;
@@ -7,8 +13,13 @@ mod cai;
 mod errors;
 mod functions;
 mod import;
+mod kernels;
+pub mod operands;
 mod stream;
 mod types;
+
+pub use array::PyArray;
+pub use operands::{work_stream, AnyArray};
 
 use pyo3::prelude::*;
 
@@ -38,6 +49,8 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::cuda::memory::set_out_of_memory_hook(functions::release_other_caches);
     m.add_function(wrap_pyfunction!(functions::_add_nvrtc_search_dirs, m)?)?;
     m.add_class::<stream::PyStream>()?;
+    m.add_class::<kernels::PyElementwiseKernel>()?;
+    m.add_class::<kernels::PyRawKernel>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Buffers that queued kernels hold are released while the interpreter can still run their
     // producers' deleters (see cuda::release).

@@ -1,0 +1,85 @@
+// The common header of users' elementwise kernels (cubridge.ElementwiseKernel): the types that
+// the generated code passes (packs, strided pointers, raw arrays, the index), complex numbers
+// with arithmetic, and the dtype names as C++ types. The host mirrors the parameter structs in
+// src/ops/elementwise/params.rs: keep the two in step.
+
+#define CB_MAX_DIMS 8
+
+// V consecutive elements moved as one aligned access.
+template <typename T, int V> struct alignas(sizeof(T) * V) CbPack {
+    T v[V];
+};
+
+// An operand read or written at any strides (elements), over the loop's coalesced shape.
+template <typename T> struct CbStrided {
+    T* p;
+    long long s[CB_MAX_DIMS];
+};
+
+// The coalesced shape of the loop, innermost last.
+struct CbShape {
+    long long d[CB_MAX_DIMS];
+    int ndim;
+};
+
+// A `raw` parameter: the whole array, indexed by a C-order linear index over its own shape.
+template <typename T> struct CbRaw {
+    T* p;
+    long long shape[CB_MAX_DIMS];
+    long long stride[CB_MAX_DIMS];
+    int ndim;
+    long long n;
+    __device__ __forceinline__ long long size() const { return n; }
+    __device__ __forceinline__ T& operator[](long long i) const {
+        if (ndim == 1) return p[i * stride[0]];
+        long long off = 0;
+        for (int d = ndim - 1; d >= 0; --d) {
+            off += (i % shape[d]) * stride[d];
+            i /= shape[d];
+        }
+        return p[off];
+    }
+};
+
+// `_ind` in an operation: `_ind.size()` is the number of indices the kernel runs.
+struct CbInd {
+    long long n;
+    __device__ __forceinline__ long long size() const { return n; }
+};
+
+// Complex numbers, laid out as numpy's (real part, then imaginary part).
+template <typename F> struct cb_complex {
+    F re, im;
+    __device__ cb_complex() : re(0), im(0) {}
+    __device__ cb_complex(F r, F i = 0) : re(r), im(i) {}
+    __device__ F real() const { return re; }
+    __device__ F imag() const { return im; }
+    __device__ cb_complex operator+(cb_complex o) const { return {re + o.re, im + o.im}; }
+    __device__ cb_complex operator-(cb_complex o) const { return {re - o.re, im - o.im}; }
+    __device__ cb_complex operator*(cb_complex o) const {
+        return {re * o.re - im * o.im, re * o.im + im * o.re};
+    }
+    __device__ cb_complex operator/(cb_complex o) const {
+        F d = o.re * o.re + o.im * o.im;
+        return {(re * o.re + im * o.im) / d, (im * o.re - re * o.im) / d};
+    }
+    __device__ cb_complex& operator+=(cb_complex o) { return *this = *this + o; }
+    __device__ cb_complex& operator-=(cb_complex o) { return *this = *this - o; }
+    __device__ cb_complex& operator*=(cb_complex o) { return *this = *this * o; }
+    __device__ cb_complex& operator/=(cb_complex o) { return *this = *this / o; }
+    __device__ bool operator==(cb_complex o) const { return re == o.re && im == o.im; }
+    __device__ bool operator!=(cb_complex o) const { return !(*this == o); }
+};
+
+typedef signed char int8;
+typedef short int16;
+typedef int int32;
+typedef long long int64;
+typedef unsigned char uint8;
+typedef unsigned short uint16;
+typedef unsigned int uint32;
+typedef unsigned long long uint64;
+typedef float float32;
+typedef double float64;
+typedef cb_complex<float> complex64;
+typedef cb_complex<double> complex128;

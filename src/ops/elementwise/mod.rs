@@ -1,0 +1,398 @@
+//! Users' elementwise kernels: an operation written in CUDA C++ once (CuPy's `ElementwiseKernel`
+//! syntax, see [`spec`]), compiled per call signature with NVRTC, and run on arrays from any
+//! producer with numpy broadcasting, any strides, outputs written in place or allocated, on a
+//! given stream. The layout planning is `add`'s: dimensions merged where contiguous, a
+//! vectorized path when every operand is contiguous and aligned, 32-bit indexing where it fits.
+
+pub mod params;
+pub mod source;
+pub mod spec;
+
+use crate::array::Array;
+use crate::cpu::element::Scalar;
+use crate::cuda::kernels;
+use crate::cuda::launch::{self as cuda_launch, Params, BLOCK};
+use crate::cuda::stream::Stream;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layout::{broadcast_shapes, coalesce_of, order_by_first_of};
+use crate::ops::launch::Launch;
+use source::{Role, Signature, UNROLL};
+use spec::Spec;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// One argument of a call: an array (zero-copy), or a value for every index, with the dtype it
+/// came with (`numpy.float32(2)`) or none (a Python scalar).
+pub enum Arg {
+    /// An array from any producer.
+    Array(Array),
+    /// A scalar.
+    Value(Scalar, Option<DType>),
+}
+
+/// The loaded kernels of one signature on one device, and the vector kernel's width.
+#[derive(Clone, Copy)]
+struct Compiled {
+    functions: [usize; 4],
+    width: usize,
+}
+
+/// A user's elementwise kernel; see the module documentation.
+pub struct ElementwiseKernel {
+    spec: Spec,
+    /// Per output: whether the operation may read it before writing it.
+    reads: Vec<bool>,
+    compiled: Mutex<HashMap<(u32, Signature), Compiled>>,
+}
+
+/// One element of any dtype as a kernel parameter (16 bytes hold the widest, complex128).
+#[repr(C, align(16))]
+struct ValueBytes([u8; 16]);
+
+impl ElementwiseKernel {
+    /// Parses and checks the declaration; compiles nothing yet.
+    pub fn new(
+        in_params: &str,
+        out_params: &str,
+        operation: &str,
+        name: &str,
+        preamble: &str,
+    ) -> Result<ElementwiseKernel> {
+        let spec = Spec::new(in_params, out_params, operation, name, preamble)?;
+        let reads = spec
+            .outputs
+            .iter()
+            .map(|p| spec::reads_output(operation, &p.name))
+            .collect();
+        Ok(ElementwiseKernel {
+            spec,
+            reads,
+            compiled: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The parsed declaration.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// Runs the kernel on `inputs` (one per input parameter) into `outputs` (one per output
+    /// parameter: an array written in place, or `None` to allocate one of the broadcast shape on
+    /// the inputs' device) on `stream`, after every array's pending writes; returns the outputs.
+    /// `size` gives the number of indices when no array is broadcast over them (only raw arrays
+    /// and scalars).
+    ///
+    /// # Safety
+    /// The operation and preamble are the caller's CUDA C++, which cubridge cannot check: they
+    /// may index raw arrays only within their sizes and must touch no memory beyond their
+    /// parameters (and memory of their own).
+    pub unsafe fn call(
+        &self,
+        inputs: &[Arg],
+        outputs: &[Option<Array>],
+        stream: Stream,
+        size: Option<usize>,
+    ) -> Result<Vec<Array>> {
+        let spec = &self.spec;
+        if !crate::cuda::is_available() {
+            return Err(crate::cuda::unavailable_for(&spec.name));
+        }
+        let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
+        if inputs.len() != nin || outputs.len() != nout {
+            return Err(Error::invalid(format!(
+                "{} takes {nin} input(s) and {nout} output(s); got {} and {}",
+                spec.name,
+                inputs.len(),
+                outputs.iter().filter(|o| o.is_some()).count()
+            )));
+        }
+        let params: Vec<&spec::Param> = spec.params().collect();
+        let mut roles = Vec::with_capacity(nin + nout);
+        let mut arrays: Vec<Option<&Array>> = Vec::with_capacity(nin + nout);
+        let mut given = Vec::with_capacity(nin + nout);
+        let mut scalar = Vec::with_capacity(nin + nout);
+        for (k, arg) in inputs.iter().enumerate() {
+            match arg {
+                Arg::Array(a) => {
+                    roles.push(if params[k].raw {
+                        Role::Raw
+                    } else {
+                        Role::Element
+                    });
+                    arrays.push(Some(a));
+                    given.push(Some(a.dtype()));
+                    scalar.push(None);
+                }
+                Arg::Value(v, d) => {
+                    if params[k].raw {
+                        return Err(Error::invalid(format!(
+                            "{}: raw parameter {} needs an array, not a scalar",
+                            spec.name, params[k].name
+                        )));
+                    }
+                    roles.push(Role::Value);
+                    arrays.push(None);
+                    given.push(None);
+                    scalar.push(Some(d.unwrap_or(v.default_dtype())));
+                }
+            }
+        }
+        for (j, out) in outputs.iter().enumerate() {
+            let p = params[nin + j];
+            if out.is_none() && p.raw {
+                return Err(Error::invalid(format!(
+                    "{}: raw output {} must be passed (its shape is not the loop's)",
+                    spec.name, p.name
+                )));
+            }
+            roles.push(if p.raw { Role::Raw } else { Role::Element });
+            arrays.push(out.as_ref());
+            given.push(out.as_ref().map(|o| o.dtype()));
+            scalar.push(None);
+        }
+        let dtypes = spec.bind(&given, &scalar)?;
+        for (k, arg) in inputs.iter().enumerate() {
+            if let Arg::Value(v, _) = arg {
+                crate::ops::create::check_value_kind(*v, dtypes[k], "an elementwise kernel")?;
+            }
+        }
+
+        // One CUDA device for every array.
+        let device = match arrays.iter().flatten().next() {
+            Some(a) => a.device(),
+            None => crate::cuda::current_device()?,
+        };
+        crate::cuda::require(device)?;
+        for (k, a) in arrays.iter().enumerate() {
+            let Some(a) = a else { continue };
+            if !matches!(a.device(), Device::Cuda(_)) || a.device() != device {
+                return Err(Error::invalid(format!(
+                    "{}: {} is on {}, but the kernel runs on {} (elementwise kernels run on one \
+                     CUDA device)",
+                    spec.name,
+                    params[k].name,
+                    a.device(),
+                    if matches!(device, Device::Cuda(_)) {
+                        device.to_string()
+                    } else {
+                        "a CUDA device".to_string()
+                    }
+                )));
+            }
+        }
+
+        // The loop's shape: the broadcast of every element operand.
+        let mut shape: Option<Vec<usize>> = None;
+        for (k, a) in arrays.iter().enumerate() {
+            if let (Some(a), Role::Element) = (a, roles[k]) {
+                shape = Some(match shape {
+                    None => a.shape().to_vec(),
+                    Some(s) => broadcast_shapes(&s, a.shape())?,
+                });
+            }
+        }
+        let shape = match (shape, size) {
+            (Some(s), None) => s,
+            (Some(s), Some(size)) if s.iter().product::<usize>() == size => s,
+            (Some(s), Some(size)) => {
+                return Err(Error::invalid(format!(
+                    "{}: size={size}, but the arrays broadcast to {} elements",
+                    spec.name,
+                    s.iter().product::<usize>()
+                )))
+            }
+            (None, Some(size)) => vec![size],
+            (None, None) => {
+                return Err(Error::invalid(format!(
+                    "{}: no array sets the number of indices; pass size=",
+                    spec.name
+                )))
+            }
+        };
+        let element_inputs: Vec<&Array> = (0..nin)
+            .filter(|&k| roles[k] == Role::Element)
+            .filter_map(|k| arrays[k])
+            .collect();
+        for (j, out) in outputs.iter().enumerate() {
+            if let (Some(out), Role::Element) = (out, roles[nin + j]) {
+                crate::ops::add::check_out(out, &shape, dtypes[nin + j], &element_inputs)
+                    .map_err(|e| name_error(e, &params[nin + j].name))?;
+            } else if let Some(out) = out {
+                if out.readonly() {
+                    return Err(Error::ReadOnly(format!(
+                        "{} is read-only: its producer does not allow writes",
+                        params[nin + j].name
+                    )));
+                }
+            }
+        }
+
+        let launch = Launch::begin(device, stream)?;
+        let mut outs = Vec::with_capacity(nout);
+        for (j, out) in outputs.iter().enumerate() {
+            outs.push(match out {
+                Some(o) => o.clone(),
+                None => launch.empty(&shape, dtypes[nin + j])?,
+            });
+        }
+        let n: usize = shape.iter().product();
+        if n == 0 {
+            return Ok(outs);
+        }
+        // Every operand as the kernel sees it: element inputs broadcast to the loop's shape.
+        let mut operands: Vec<Option<Array>> = Vec::with_capacity(nin + nout);
+        for k in 0..nin {
+            operands.push(match (arrays[k], roles[k]) {
+                (Some(a), Role::Element) if a.shape() != shape => Some(a.broadcast_to(&shape)?),
+                (Some(a), _) => Some(a.clone()),
+                (None, _) => None,
+            });
+        }
+        operands.extend(outs.iter().cloned().map(Some));
+        let all: Vec<&Array> = operands.iter().flatten().collect();
+        launch.order(&all)?;
+        let ordinal = launch.ordinal();
+        let sig = Signature {
+            dtypes: dtypes.clone(),
+            roles: roles.clone(),
+        };
+        let compiled = self.functions(ordinal, sig)?;
+
+        let elements: Vec<usize> = (0..nin + nout)
+            .filter(|&k| roles[k] == Role::Element)
+            .collect();
+        let operand = |k: usize| {
+            operands[k]
+                .as_ref()
+                .expect("an element operand is an array")
+        };
+        let contiguous = elements
+            .iter()
+            .all(|&k| operand(k).layout().is_contiguous());
+        let mut p = Params::new();
+        let push_rest = |p: &mut Params, k: usize| -> Result<()> {
+            match (&inputs.get(k), roles[k]) {
+                (Some(Arg::Value(v, _)), Role::Value) => {
+                    let mut bytes = ValueBytes([0; 16]);
+                    // SAFETY: 16 writable, aligned bytes hold one element of any dtype.
+                    unsafe { crate::cpu::copy::fill(dtypes[k], bytes.0.as_mut_ptr(), 1, *v) };
+                    p.push_bytes(&bytes.0[..dtypes[k].itemsize()]);
+                }
+                _ => p.push(params::Raw::new(operand(k))?),
+            }
+            Ok(())
+        };
+        let (function, grid) = if contiguous {
+            let width = compiled.width;
+            let aligned = width > 1
+                && elements.iter().all(|&k| {
+                    (operand(k).data_ptr() as usize) % (width * dtypes[k].itemsize()) == 0
+                });
+            for (k, role) in roles.iter().enumerate() {
+                match role {
+                    Role::Element => p.push(operand(k).data_ptr()),
+                    _ => push_rest(&mut p, k)?,
+                }
+            }
+            p.push(n as i64);
+            if aligned {
+                let chunks = (n / width).div_ceil(BLOCK as usize * UNROLL);
+                (
+                    compiled.functions[1],
+                    chunks.clamp(1, i32::MAX as usize) as u32,
+                )
+            } else {
+                let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
+                (compiled.functions[0], blocks)
+            }
+        } else {
+            // Dimensions ordered by the first element output's strides (its writes run along
+            // its unit stride), then merged where every element operand allows.
+            let lead = elements.iter().find(|&&k| k >= nin).unwrap_or(&elements[0]);
+            let mut strides: Vec<&[isize]> = vec![operand(*lead).strides()];
+            strides.extend(elements.iter().map(|&k| operand(k).strides()));
+            let (ordered, ordered_strides) = order_by_first_of(&shape, &strides);
+            let refs: Vec<&[isize]> = ordered_strides[1..].iter().map(|s| &s[..]).collect();
+            let (merged, merged_strides) = coalesce_of(&ordered, &refs);
+            let g = params::Shape::new(&merged)?;
+            let refs: Vec<&[isize]> = merged_strides.iter().map(|s| &s[..]).collect();
+            let narrow = kernels::fits_32_bits(n, &merged, &refs);
+            let mut next = merged_strides.iter();
+            for (k, role) in roles.iter().enumerate() {
+                match role {
+                    Role::Element => {
+                        let s = next.next().expect("one stride list per element operand");
+                        p.push(params::Strided::new(operand(k).data_ptr(), s));
+                    }
+                    _ => push_rest(&mut p, k)?,
+                }
+            }
+            p.push(n as i64);
+            p.push(g);
+            let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
+            let f = compiled.functions[if narrow { 2 } else { 3 }];
+            (f, blocks)
+        };
+        let mut pointers = p.pointers();
+        // SAFETY: the parameters follow the chosen kernel's signature as source::program writes
+        // it for this signature (pointers or CbStrided per element operand, values of the
+        // parameter's dtype, CbRaw per raw array, n, and CbShape for the strided kernels; the
+        // structs mirror kernels/user.cuh). Every element operand spans the loop's shape within
+        // its validated layout (broadcast views read, never written: outputs were checked to
+        // have the loop's shape and not to overlap themselves or partially overlap an input);
+        // the vector kernel is chosen only when every element pointer is aligned to its pack,
+        // and the 32-bit strided one when every index and offset fits. Raw arrays are indexed
+        // by the user's operation, within their sizes (this function's contract). The arrays
+        // are kept valid until the kernel has run (Launch::finish).
+        // Launch::order made the device's context current, and the module was loaded there.
+        unsafe {
+            cuda_launch::launch(
+                function as cudarc::driver::sys::CUfunction,
+                (grid, 1, 1),
+                (BLOCK, 1, 1),
+                0,
+                launch.stream().handle(),
+                &mut pointers,
+            )?
+        };
+        let input_arrays: Vec<&Array> = operands[..nin].iter().flatten().collect();
+        let output_arrays: Vec<&Array> = outs.iter().collect();
+        launch.finish(&input_arrays, &output_arrays)?;
+        Ok(outs)
+    }
+
+    /// The kernels of `sig` on `ordinal`, compiled on first use.
+    fn functions(&self, ordinal: u32, sig: Signature) -> Result<Compiled> {
+        let key = (ordinal, sig);
+        if let Some(&c) = self
+            .compiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(c);
+        }
+        let program = source::program(&self.spec, &key.1, &self.reads);
+        let f = kernels::program(ordinal, &program)?;
+        let compiled = Compiled {
+            functions: [f[0], f[1], f[2], f[3]],
+            width: source::vector_width(&key.1),
+        };
+        self.compiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, compiled);
+        Ok(compiled)
+    }
+}
+
+/// `e` with the output parameter's name in front, for messages about one of several outputs.
+fn name_error(e: Error, name: &str) -> Error {
+    match e {
+        Error::Invalid(m) => Error::Invalid(format!("{name}: {m}")),
+        Error::ReadOnly(m) => Error::ReadOnly(format!("{name}: {m}")),
+        other => other,
+    }
+}

@@ -1,0 +1,275 @@
+//! The CUDA C++ of a user's elementwise kernel for one call signature: the operation as a device
+//! function, called by four kernels (contiguous, vectorized, and strided in 32- and 64-bit
+//! indexing), which the host chooses between per call.
+
+use super::spec::Spec;
+use crate::cuda::kernels::Program;
+use crate::dtype::DType;
+use std::fmt::Write;
+
+const HEADER: &str = include_str!("../../../kernels/user.cuh");
+
+/// Packs each thread of the vector kernel moves per operand and step.
+pub const UNROLL: usize = 4;
+
+/// How a call passes one parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// One element per index of an array (broadcast over the loop).
+    Element,
+    /// One value for every index, among the kernel parameters (a scalar).
+    Value,
+    /// The whole array (`raw`).
+    Raw,
+}
+
+/// What a program is generated for: each parameter's dtype and role (inputs, then outputs).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Signature {
+    /// Dtypes, inputs then outputs.
+    pub dtypes: Vec<DType>,
+    /// Roles, in the same order.
+    pub roles: Vec<Role>,
+}
+
+/// The kernels of a program, in [`Program::functions`] order.
+pub const FUNCTIONS: [&str; 4] = ["contiguous", "vector", "strided32", "strided64"];
+
+/// The C++ type that stores a dtype in users' kernels (complex types with arithmetic).
+pub fn c_type(d: DType) -> &'static str {
+    match d {
+        DType::Complex64 => "cb_complex<float>",
+        DType::Complex128 => "cb_complex<double>",
+        other => crate::cuda::kernels::c_type(other),
+    }
+}
+
+/// Elements per 16-byte access of the widest element operand (1 for 16-byte elements).
+pub fn vector_width(sig: &Signature) -> usize {
+    let widest = sig
+        .dtypes
+        .iter()
+        .zip(&sig.roles)
+        .filter(|(_, &r)| r == Role::Element)
+        .map(|(d, _)| d.itemsize())
+        .max()
+        .unwrap_or(1);
+    (16 / widest).max(1)
+}
+
+/// The program of `spec` for `sig`. `reads[k]` says whether output `k` is loaded before the
+/// operation runs (see [`super::spec::reads_output`]).
+pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
+    let nin = spec.inputs.len();
+    let params: Vec<_> = spec.params().collect();
+    let ty = |k: usize| c_type(sig.dtypes[k]);
+    let width = vector_width(sig);
+    let mentions = |word: &str| spec.operation.contains(word) || spec.preamble.contains(word);
+    let mut src = String::new();
+    if sig.dtypes.contains(&DType::Float16) || mentions("half") {
+        src.push_str("#include <cuda_fp16.h>\ntypedef __half float16;\n");
+    }
+    if sig.dtypes.contains(&DType::BFloat16) || mentions("bfloat16") || mentions("bf16") {
+        src.push_str("#include <cuda_bf16.h>\ntypedef __nv_bfloat16 bfloat16;\n");
+    }
+    src.push_str(HEADER);
+    for t in spec.type_names() {
+        let k = params
+            .iter()
+            .position(|p| matches!(&p.ty, super::spec::Type::Generic(n) if n == t))
+            .unwrap_or(0);
+        let _ = writeln!(src, "typedef {} {t};", ty(k));
+    }
+    let _ = writeln!(src, "{}", spec.preamble);
+
+    // The operation: inputs by value, outputs by reference, raw arrays whole.
+    let op_params: Vec<String> = params
+        .iter()
+        .enumerate()
+        .map(|(k, p)| match (sig.roles[k], k < nin) {
+            (Role::Raw, _) => format!("CbRaw<{}> {}", ty(k), p.name),
+            (_, true) => format!("const {} {}", ty(k), p.name),
+            (_, false) => format!("{}& {}", ty(k), p.name),
+        })
+        .collect();
+    let _ = write!(
+        src,
+        "__device__ __forceinline__ void cb_op(const long long i, const CbInd& _ind, {}) {{\n\
+         (void)i; (void)_ind;\n{};\n}}\n",
+        op_params.join(", "),
+        spec.operation
+    );
+
+    // Kernel parameters: pointers (or strided pointers), values and raw arrays, then n.
+    let kernel_params = |strided: bool| -> String {
+        let mut list: Vec<String> = (0..params.len())
+            .map(|k| match sig.roles[k] {
+                Role::Element if strided => format!("CbStrided<{}> p{k}", ty(k)),
+                Role::Element => format!("{}* p{k}", ty(k)),
+                Role::Value => format!("{} p{k}", ty(k)),
+                Role::Raw => format!("CbRaw<{}> p{k}", ty(k)),
+            })
+            .collect();
+        list.push("long long n".into());
+        if strided {
+            list.push("CbShape g".into());
+        }
+        list.join(", ")
+    };
+    let args = |element: &dyn Fn(usize) -> String| -> String {
+        (0..params.len())
+            .map(|k| match sig.roles[k] {
+                Role::Element => element(k),
+                _ => format!("p{k}"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let name = &spec.name;
+    let flat_args = args(&|k| format!("p{k}[i]"));
+
+    // Contiguous: one element per index, grid-stride.
+    let _ = write!(
+        src,
+        "extern \"C\" __global__ void {name}_contiguous({}) {{\n\
+         const CbInd ind{{n}};\n\
+         const long long step = (long long)gridDim.x * blockDim.x;\n\
+         for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)\n\
+         cb_op(i, ind, {flat_args});\n}}\n",
+        kernel_params(false)
+    );
+
+    // Vector: every element operand contiguous and aligned to its pack; each thread loads
+    // UNROLL packs of each operand it reads before it computes; block 0 finishes the tail.
+    let elements: Vec<usize> = (0..params.len())
+        .filter(|&k| sig.roles[k] == Role::Element)
+        .collect();
+    let loaded = |k: usize| k < nin || reads[k - nin];
+    let mut v = String::new();
+    for &k in &elements {
+        let _ = writeln!(v, "CbPack<{}, {width}> v{k}[{UNROLL}];", ty(k));
+    }
+    let _ = write!(
+        v,
+        "#pragma unroll\nfor (int u = 0; u < {UNROLL}; ++u) {{\n\
+         const long long k = base + u * (long long)blockDim.x + threadIdx.x;\nif (k < packs) {{\n"
+    );
+    for &k in elements.iter().filter(|&&k| loaded(k)) {
+        let _ = writeln!(
+            v,
+            "v{k}[u] = reinterpret_cast<const CbPack<{t}, {width}>*>(p{k})[k];",
+            t = ty(k)
+        );
+    }
+    let _ = write!(
+        v,
+        "}}\n}}\n#pragma unroll\nfor (int u = 0; u < {UNROLL}; ++u) {{\n\
+         const long long k = base + u * (long long)blockDim.x + threadIdx.x;\nif (k < packs) {{\n\
+         #pragma unroll\nfor (int e = 0; e < {width}; ++e) cb_op(k * {width} + e, ind, {});\n",
+        args(&|k| format!("v{k}[u].v[e]"))
+    );
+    for &k in elements.iter().filter(|&&k| k >= nin) {
+        let _ = writeln!(
+            v,
+            "reinterpret_cast<CbPack<{t}, {width}>*>(p{k})[k] = v{k}[u];",
+            t = ty(k)
+        );
+    }
+    v.push_str("}\n}\n");
+    let _ = write!(
+        src,
+        "extern \"C\" __global__ void {name}_vector({}) {{\n\
+         const CbInd ind{{n}};\n\
+         const long long packs = n / {width};\n\
+         const long long chunk = (long long)blockDim.x * {UNROLL};\n\
+         for (long long base = (long long)blockIdx.x * chunk; base < packs; \
+         base += (long long)gridDim.x * chunk) {{\n{v}}}\n\
+         if (blockIdx.x == 0) {{\n\
+         const long long i = packs * {width} + threadIdx.x;\n\
+         if (i < n) cb_op(i, ind, {flat_args});\n}}\n}}\n",
+        kernel_params(false)
+    );
+
+    // Strided: any strides over up to CB_MAX_DIMS coalesced dimensions, in index type I.
+    let mut offsets = String::new();
+    let mut steps = String::new();
+    for &k in &elements {
+        let _ = writeln!(offsets, "I o{k} = 0;");
+        let _ = writeln!(steps, "o{k} += idx * (I)p{k}.s[d];");
+    }
+    let names: Vec<String> = (0..params.len()).map(|k| format!("p{k}")).collect();
+    let _ = write!(
+        src,
+        "template <typename I>\n__device__ __forceinline__ void {name}_strided({}) {{\n\
+         const CbInd ind{{n}};\n\
+         const I m = (I)n, step = (I)gridDim.x * blockDim.x;\n\
+         for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < m; i += step) {{\n\
+         I rem = i;\n{offsets}\
+         for (int d = g.ndim - 1; d >= 0; --d) {{\n\
+         const I e = (I)g.d[d];\nconst I idx = rem % e;\nrem /= e;\n{steps}}}\n\
+         cb_op((long long)i, ind, {});\n}}\n}}\n",
+        kernel_params(true),
+        args(&|k| format!("p{k}.p[o{k}]"))
+    );
+    for (bits, index) in [(32, "int"), (64, "long long")] {
+        let _ = write!(
+            src,
+            "extern \"C\" __global__ void {name}_strided{bits}({}) {{\n\
+             {name}_strided<{index}>({}, n, g);\n}}\n",
+            kernel_params(true),
+            names.join(", ")
+        );
+    }
+    Program {
+        name: name.clone(),
+        source: src,
+        options: Vec::new(),
+        functions: FUNCTIONS.iter().map(|f| format!("{name}_{f}")).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generates_one_operation_and_four_kernels() {
+        let spec = Spec::new(
+            "T x, raw T w, float32 a",
+            "T z",
+            "z = a * x + w[i]",
+            "axpy",
+            "",
+        )
+        .unwrap();
+        let sig = Signature {
+            dtypes: vec![DType::BFloat16; 2]
+                .into_iter()
+                .chain([DType::Float32, DType::BFloat16])
+                .collect(),
+            roles: vec![Role::Element, Role::Raw, Role::Value, Role::Element],
+        };
+        assert_eq!(vector_width(&sig), 8);
+        let p = program(&spec, &sig, &[false]);
+        assert!(p.source.contains("#include <cuda_bf16.h>"));
+        assert!(!p.source.contains("#include <cuda_fp16.h>"));
+        assert!(p.source.contains("typedef __nv_bfloat16 T;"));
+        assert!(p.source.contains(
+            "void cb_op(const long long i, const CbInd& _ind, const __nv_bfloat16 x, \
+             CbRaw<__nv_bfloat16> w, const float a, __nv_bfloat16& z)"
+        ));
+        assert!(p.source.contains("cb_op(i, ind, p0[i], p1, p2, p3[i]);"));
+        // z is only assigned: stored, never loaded.
+        assert!(!p.source.contains("v3[u] = reinterpret_cast"));
+        assert!(p.source.contains("v0[u] = reinterpret_cast"));
+        assert_eq!(
+            p.functions,
+            vec![
+                "axpy_contiguous",
+                "axpy_vector",
+                "axpy_strided32",
+                "axpy_strided64"
+            ]
+        );
+    }
+}

@@ -1,0 +1,334 @@
+//! The declaration of a user's elementwise kernel, in CuPy's `ElementwiseKernel` syntax:
+//! parameter lists such as `"T x, raw float32 w, float32 a"` and `"T z"`, parsed and checked
+//! once when the kernel is made, and the dtypes a call binds its type names to.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// A parameter's type: one dtype, or a name (`T`) that each call binds to the dtype of the
+/// arrays passed for it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Type {
+    /// A dtype by its canonical name (`float32`, `bfloat16`, ...).
+    Fixed(DType),
+    /// A type name bound per call.
+    Generic(String),
+}
+
+/// One declared parameter.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Param {
+    /// Its name in the operation.
+    pub name: String,
+    /// Its type.
+    pub ty: Type,
+    /// `raw`: the whole array, indexed by the operation (`w[i]`, `w.size()`), not broadcast and
+    /// not one element per index.
+    pub raw: bool,
+}
+
+/// A parsed elementwise kernel: inputs, outputs, the operation (a C++ statement run once per
+/// index, with each input's element as a value and each output's as a reference), a kernel
+/// name, and a preamble of device code put before it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Spec {
+    /// Input parameters, in call order.
+    pub inputs: Vec<Param>,
+    /// Output parameters, after the inputs.
+    pub outputs: Vec<Param>,
+    /// The per-index statement(s).
+    pub operation: String,
+    /// A C identifier naming the kernel.
+    pub name: String,
+    /// Device code put before the operation (helper functions).
+    pub preamble: String,
+}
+
+/// Names the generated code itself uses: a parameter or type may not take them.
+const RESERVED: &[&str] = &["i", "_ind", "n", "CbRaw", "CbInd", "CbPack", "CbStrided"];
+
+/// C and C++ type keywords, refused as type names: they look like dtypes but are not (numpy's
+/// `float` is float64, C's is float32).
+const C_TYPES: &[&str] = &[
+    "float", "double", "int", "long", "short", "char", "unsigned", "signed", "half", "bool_",
+    "complex", "void", "auto",
+];
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Parses a parameter list: comma-separated `[raw] TYPE NAME` items, or an empty string.
+pub fn parse_params(text: &str, what: &str) -> Result<Vec<Param>> {
+    let mut params = Vec::new();
+    for item in text.split(',') {
+        let words: Vec<&str> = item.split_whitespace().collect();
+        if words.is_empty() {
+            if text.trim().is_empty() {
+                break;
+            }
+            return Err(Error::invalid(format!(
+                "{what}: an empty parameter in {text:?}"
+            )));
+        }
+        let (raw, rest) = match words.as_slice() {
+            ["raw", rest @ ..] => (true, rest),
+            rest => (false, rest),
+        };
+        let [ty, name] = rest else {
+            return Err(Error::invalid(format!(
+                "{what}: {:?} is not `[raw] TYPE NAME` (for example `float32 x`, `raw T w`)",
+                item.trim()
+            )));
+        };
+        if !is_identifier(name) || RESERVED.contains(name) {
+            return Err(Error::invalid(format!(
+                "{what}: {name:?} cannot name a parameter (a C identifier other than {})",
+                RESERVED.join(", ")
+            )));
+        }
+        let ty = match DType::from_name(ty) {
+            Ok(dtype) => Type::Fixed(dtype),
+            Err(_) if C_TYPES.contains(ty) || !is_identifier(ty) || RESERVED.contains(ty) => {
+                return Err(Error::invalid(format!(
+                    "{what}: {ty:?} is not a type: give a dtype name (bool, int8 to int64, uint8 \
+                     to uint64, float16, bfloat16, float32, float64, complex64, complex128) or a \
+                     type name such as T"
+                )))
+            }
+            Err(_) => Type::Generic(ty.to_string()),
+        };
+        params.push(Param {
+            name: name.to_string(),
+            ty,
+            raw,
+        });
+    }
+    Ok(params)
+}
+
+impl Spec {
+    /// Parses and checks a kernel's declaration.
+    pub fn new(
+        in_params: &str,
+        out_params: &str,
+        operation: &str,
+        name: &str,
+        preamble: &str,
+    ) -> Result<Spec> {
+        let inputs = parse_params(in_params, "in_params")?;
+        let outputs = parse_params(out_params, "out_params")?;
+        if outputs.is_empty() {
+            return Err(Error::invalid(
+                "out_params: a kernel needs at least one output",
+            ));
+        }
+        if !is_identifier(name) {
+            return Err(Error::invalid(format!(
+                "name: {name:?} is not a C identifier"
+            )));
+        }
+        let all: Vec<&Param> = inputs.iter().chain(&outputs).collect();
+        for (k, p) in all.iter().enumerate() {
+            if all[..k].iter().any(|q| q.name == p.name) {
+                return Err(Error::invalid(format!(
+                    "parameter {:?} is declared twice",
+                    p.name
+                )));
+            }
+            if let Type::Generic(t) = &p.ty {
+                if all.iter().any(|q| &q.name == t) {
+                    return Err(Error::invalid(format!(
+                        "type name {t:?} is also a parameter's name"
+                    )));
+                }
+            }
+        }
+        // A generic output type must be bound by an input, or by the output array itself.
+        Ok(Spec {
+            inputs,
+            outputs,
+            operation: operation.to_string(),
+            name: name.to_string(),
+            preamble: preamble.to_string(),
+        })
+    }
+
+    /// Every parameter, inputs first.
+    pub fn params(&self) -> impl Iterator<Item = &Param> {
+        self.inputs.iter().chain(&self.outputs)
+    }
+
+    /// The type names, in order of first appearance.
+    pub fn type_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for p in self.params() {
+            if let Type::Generic(t) = &p.ty {
+                if !names.contains(&t.as_str()) {
+                    names.push(t);
+                }
+            }
+        }
+        names
+    }
+
+    /// Binds each parameter to a dtype for one call. `given[k]` is the dtype of the array (or
+    /// typed scalar, such as `numpy.float32(2)`) passed for parameter `k` (inputs then outputs),
+    /// or `None` for a Python scalar or an output to allocate; `python[k]` is the default dtype
+    /// of a Python scalar passed there. Arrays bind type names; a type name that only Python
+    /// scalars meet takes their default; an array must have its parameter's dtype exactly (no
+    /// silent casts).
+    pub fn bind(&self, given: &[Option<DType>], python: &[Option<DType>]) -> Result<Vec<DType>> {
+        let params: Vec<&Param> = self.params().collect();
+        let mut bound: Vec<(String, DType)> = Vec::new();
+        for (p, d) in params.iter().zip(given) {
+            let (Type::Generic(t), Some(d)) = (&p.ty, d) else {
+                continue;
+            };
+            match bound.iter().find(|(n, _)| n == t) {
+                Some((_, b)) if b != d => {
+                    return Err(Error::DTypeMismatch {
+                        op: "an elementwise kernel (one type name, two dtypes)",
+                        left: format!("{t} = {b}"),
+                        right: format!("{} ({d})", p.name),
+                    })
+                }
+                Some(_) => {}
+                None => bound.push((t.clone(), *d)),
+            }
+        }
+        for (p, d) in params.iter().zip(python) {
+            if let (Type::Generic(t), Some(d)) = (&p.ty, d) {
+                if !bound.iter().any(|(n, _)| n == t) {
+                    bound.push((t.clone(), *d));
+                }
+            }
+        }
+        let mut dtypes = Vec::with_capacity(params.len());
+        for (p, d) in params.iter().zip(given) {
+            let want = match &p.ty {
+                Type::Fixed(f) => *f,
+                Type::Generic(t) => match bound.iter().find(|(n, _)| n == t) {
+                    Some((_, b)) => *b,
+                    None => {
+                        return Err(Error::invalid(format!(
+                            "cannot tell which dtype {t} is for {}: no array passed binds it; \
+                             pass an array for an input of type {t}, or the output",
+                            p.name
+                        )))
+                    }
+                },
+            };
+            if let Some(d) = d {
+                if *d != want {
+                    return Err(Error::DTypeMismatch {
+                        op: "an elementwise kernel (an array must have its parameter's dtype)",
+                        left: format!("{} declared {want}", p.name),
+                        right: format!("given {d}"),
+                    });
+                }
+            }
+            dtypes.push(want);
+        }
+        Ok(dtypes)
+    }
+}
+
+/// Whether `operation` may read output `name` before writing it: true unless every mention of
+/// it is the target of a plain assignment (`name = ...`). Outputs it may read are loaded before
+/// the operation runs; the others are only stored.
+pub fn reads_output(operation: &str, name: &str) -> bool {
+    let bytes = operation.as_bytes();
+    let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut from = 0;
+    while let Some(at) = operation[from..].find(name) {
+        let start = from + at;
+        let end = start + name.len();
+        from = end;
+        if (start > 0 && (is_ident(bytes[start - 1]) || bytes[start - 1] == b'.'))
+            || (end < bytes.len() && is_ident(bytes[end]))
+        {
+            continue; // part of another identifier or a member
+        }
+        let rest = operation[end..].trim_start();
+        let assigned = rest.starts_with('=') && !rest.starts_with("==");
+        if !assigned {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cupy_parameter_lists() {
+        let s = Spec::new("T x, raw float32 w, float32 a", "T z", "z = x", "k", "").unwrap();
+        assert_eq!(s.inputs.len(), 3);
+        assert_eq!(s.inputs[0].ty, Type::Generic("T".into()));
+        assert!(s.inputs[1].raw && s.inputs[1].ty == Type::Fixed(DType::Float32));
+        assert_eq!(s.type_names(), vec!["T"]);
+        assert!(Spec::new("", "float32 z", "z = 1", "k", "").is_ok());
+        for (ins, outs, why) in [
+            ("float x", "float32 z", "C type"),
+            ("float32", "float32 z", "no name"),
+            ("float32 x y z", "float32 z", "too many words"),
+            ("float32 i", "float32 z", "reserved"),
+            ("float32 x,", "float32 z", "trailing comma"),
+            ("float32 x", "float32 x", "twice"),
+            ("T x", "float32 T", "type named as a parameter"),
+            ("float32 x", "", "no output"),
+        ] {
+            assert!(Spec::new(ins, outs, "", "k", "").is_err(), "{why}");
+        }
+        assert!(Spec::new("float32 x", "float32 z", "", "not an id", "").is_err());
+    }
+
+    #[test]
+    fn binds_type_names_from_arrays_then_scalars() {
+        let s = Spec::new("T x, T y, U a", "T z", "", "k", "").unwrap();
+        let f32 = Some(DType::Float32);
+        // x binds T; a Python float binds U to its default.
+        let d = s
+            .bind(
+                &[f32, None, None, None],
+                &[None, f32, Some(DType::Float64), None],
+            )
+            .unwrap();
+        assert_eq!(
+            d,
+            vec![
+                DType::Float32,
+                DType::Float32,
+                DType::Float64,
+                DType::Float32
+            ]
+        );
+        // Two arrays disagree on T.
+        assert!(s
+            .bind(&[f32, Some(DType::Int32), f32, None], &[None; 4])
+            .is_err());
+        // Nothing binds T.
+        let s = Spec::new("float32 a", "T z", "", "k", "").unwrap();
+        assert!(s.bind(&[f32, None], &[None, None]).is_err());
+        // A fixed parameter takes no other dtype.
+        assert!(s.bind(&[Some(DType::Float64), f32], &[None, None]).is_err());
+    }
+
+    #[test]
+    fn outputs_read_unless_only_assigned() {
+        assert!(!reads_output("z = a * x + y", "z"));
+        assert!(!reads_output("z = x; zz = z2 + p.z", "z"));
+        assert!(reads_output("z += x", "z"));
+        assert!(reads_output("z = z + 1", "z"));
+        assert!(reads_output("f(z)", "z"));
+        assert!(!reads_output("if (x == 0) z = 1; else z = 2;", "z"));
+        assert!(reads_output("z == 1", "z"));
+    }
+}

@@ -1,0 +1,205 @@
+//! Users' raw CUDA kernels: a source with an `extern "C" __global__` function, compiled with
+//! NVRTC (through the same memory and disk cache as cubridge's own kernels) and launched on
+//! arrays from any producer, whose pending writes run first and whose memory stays valid until
+//! the kernel has run.
+
+use crate::array::Array;
+use crate::cpu::element::Scalar;
+use crate::cuda::kernels::{self, Program};
+use crate::cuda::launch::{self as cuda_launch, Params};
+use crate::cuda::stream::Stream;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::launch::Launch;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// One argument of a raw kernel: an array, passed as a pointer to its first element, or a
+/// value of a dtype, passed as that C type.
+pub enum RawArg {
+    /// An array on the kernel's device.
+    Array(Array),
+    /// A value stored as `DType`.
+    Value(Scalar, DType),
+}
+
+/// Dynamic shared memory a block may use without opting in.
+const SHARED_DEFAULT: u32 = 48 << 10;
+
+/// A user's CUDA kernel; see the module documentation.
+pub struct RawKernel {
+    program: Program,
+    /// The loaded function per device ordinal, and the dynamic shared memory it was opened to.
+    functions: Mutex<HashMap<u32, (usize, u32)>>,
+}
+
+impl RawKernel {
+    /// A kernel named `name` (declared `extern "C"`, so that its name is not mangled) in
+    /// `source`, compiled with the NVRTC `options` on first launch on each device.
+    pub fn new(source: &str, name: &str, options: Vec<String>) -> Result<RawKernel> {
+        if name.is_empty() || name.contains(char::is_whitespace) || name.contains('\0') {
+            return Err(Error::invalid(format!("{name:?} is not a kernel name")));
+        }
+        if source.contains('\0') {
+            return Err(Error::invalid("the kernel source contains a NUL character"));
+        }
+        Ok(RawKernel {
+            program: Program {
+                name: name.to_string(),
+                source: source.to_string(),
+                options,
+                functions: vec![name.to_string()],
+            },
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.program.name
+    }
+
+    /// The loaded function on `ordinal`, compiled on first use, opened to `shared` bytes of
+    /// dynamic shared memory when that is more than a block gets by default.
+    fn function(&self, ordinal: u32, shared: u32) -> Result<usize> {
+        let mut map = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(f, opened)) = map.get(&ordinal) {
+            if shared <= opened.max(SHARED_DEFAULT) {
+                return Ok(f);
+            }
+        }
+        let f = kernels::program(ordinal, &self.program)?[0];
+        if shared > SHARED_DEFAULT {
+            use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX;
+            let set = {
+                // SAFETY: `f` is a loaded function of the current context (kernels::program
+                // bound it); the attribute takes a byte count.
+                unsafe {
+                    cudarc::driver::result::function::set_function_attribute(
+                        f as cudarc::driver::sys::CUfunction,
+                        MAX,
+                        shared as i32,
+                    )
+                }
+            };
+            crate::cuda::check(
+                set,
+                &format!("allowing {shared} bytes of dynamic shared memory"),
+            )?;
+        }
+        let opened = map.get(&ordinal).map_or(0, |&(_, o)| o).max(shared);
+        map.insert(ordinal, (f, opened));
+        Ok(f)
+    }
+
+    /// Compiles and loads the kernel on `device` now (a launch would on first use).
+    pub fn compile(&self, device: Device) -> Result<()> {
+        let Device::Cuda(n) = device else {
+            return Err(Error::invalid(format!("{device} is not a CUDA device")));
+        };
+        crate::cuda::require(device)?;
+        self.function(n, 0).map(|_| ())
+    }
+
+    /// Launches `grid` blocks of `block` threads with `shared` bytes of dynamic shared memory on
+    /// `stream`, with `args` in the kernel's parameter order. Every array must be on one CUDA
+    /// device (the current device when there are none); their pending writes run first, and
+    /// each records the kernel as its last write (the kernel may write any of them).
+    ///
+    /// # Safety
+    /// cubridge cannot see the kernel's signature or what it does:
+    /// 1. The kernel's parameters are, in order, one pointer per array argument and one value of
+    ///    the dtype's C type per value argument.
+    /// 2. The kernel reads and writes only elements of the arrays it is given (each within the
+    ///    array's layout, from the pointer to its first element) and memory of its own.
+    pub unsafe fn launch(
+        &self,
+        grid: [u32; 3],
+        block: [u32; 3],
+        args: &[RawArg],
+        shared: u32,
+        stream: Stream,
+    ) -> Result<()> {
+        if !crate::cuda::is_available() {
+            return Err(crate::cuda::unavailable_for(&self.program.name));
+        }
+        if grid.contains(&0) || block.contains(&0) {
+            return Err(Error::invalid(format!(
+                "grid {grid:?} and block {block:?} must be at least 1 in every dimension"
+            )));
+        }
+        let threads = block.iter().map(|&b| b as u64).product::<u64>();
+        if threads > 1024 || block[2] > 64 {
+            return Err(Error::invalid(format!(
+                "block {block:?} has {threads} threads; CUDA allows at most 1024 (and 64 along z)"
+            )));
+        }
+        if grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
+            return Err(Error::invalid(format!(
+                "grid {grid:?} is too large (at most 2^31 - 1 along x, 65535 along y and z)"
+            )));
+        }
+        let arrays: Vec<&Array> = args
+            .iter()
+            .filter_map(|a| match a {
+                RawArg::Array(x) => Some(x),
+                RawArg::Value(..) => None,
+            })
+            .collect();
+        let device = match arrays.first() {
+            Some(a) => a.device(),
+            None => crate::cuda::current_device()?,
+        };
+        crate::cuda::require(device)?;
+        for (k, a) in arrays.iter().enumerate() {
+            if a.device() != device || !matches!(a.device(), Device::Cuda(_)) {
+                return Err(Error::invalid(format!(
+                    "{}: array argument {k} is on {}; a raw kernel's arrays must all be on one \
+                     CUDA device (the first is on {device})",
+                    self.program.name,
+                    a.device()
+                )));
+            }
+        }
+        let launch = Launch::begin(device, stream)?;
+        let function = self.function(launch.ordinal(), shared)?;
+        launch.order(&arrays)?;
+        let mut params = Params::new();
+        for arg in args {
+            match arg {
+                RawArg::Array(a) => params.push(a.data_ptr()),
+                RawArg::Value(v, dtype) => {
+                    crate::ops::create::check_value_kind(*v, *dtype, "a raw kernel")?;
+                    let mut bytes = [0u128; 1];
+                    // SAFETY: 16 writable, aligned bytes hold one element of any dtype.
+                    unsafe {
+                        crate::cpu::copy::fill(*dtype, bytes.as_mut_ptr().cast(), 1, *v);
+                    }
+                    // SAFETY: `bytes` is 16 initialized bytes; an element is at most 16.
+                    let all: &[u8] =
+                        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), 16) };
+                    params.push_bytes(&all[..dtype.itemsize()]);
+                }
+            }
+        }
+        let mut pointers = params.pointers();
+        // SAFETY: the parameters match the kernel's signature and it stays inside the arrays
+        // (this function's contract); each array is passed as the device pointer of its first
+        // element (on this device, and kept valid until the kernel has run by Launch::finish),
+        // each value as its dtype's bytes. The launch configuration was checked above and the
+        // function belongs to the current context (kernels::program loaded it there;
+        // Launch::order bound it).
+        unsafe {
+            cuda_launch::launch(
+                function as cudarc::driver::sys::CUfunction,
+                (grid[0], grid[1], grid[2]),
+                (block[0], block[1], block[2]),
+                shared,
+                launch.stream().handle(),
+                &mut pointers,
+            )?
+        };
+        launch.finish(&[], &arrays)
+    }
+}

@@ -1,0 +1,264 @@
+//! `cubridge.ElementwiseKernel` and `cubridge.RawKernel`: users' CUDA kernels on arrays from any
+//! producer. Conversion only; the kernels live in `ops::elementwise` and `ops::raw`.
+
+use super::array::PyArray;
+use super::operands::{import_operands, Operand};
+use crate::error::Error;
+use crate::ops::elementwise::{Arg, ElementwiseKernel};
+use crate::ops::raw::{RawArg, RawKernel};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+/// An elementwise kernel in CuPy's syntax, callable on arrays of any producer.
+#[pyclass(name = "ElementwiseKernel", module = "cubridge", frozen)]
+pub struct PyElementwiseKernel {
+    inner: ElementwiseKernel,
+}
+
+/// `out=`: nothing, one array, or a tuple or list of them (one per output).
+fn out_objects<'py>(
+    out: Option<&Bound<'py, PyAny>>,
+    nout: usize,
+) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+    let Some(out) = out.filter(|o| !o.is_none()) else {
+        return Ok(vec![None; nout]);
+    };
+    let items: Vec<Bound<'py, PyAny>> =
+        if out.is_instance_of::<PyTuple>() || out.is_instance_of::<PyList>() {
+            out.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            vec![out.clone()]
+        };
+    if items.len() != nout {
+        return Err(Error::invalid(format!(
+            "out= gives {} array(s); the kernel has {nout} output(s)",
+            items.len()
+        ))
+        .into());
+    }
+    Ok(items
+        .into_iter()
+        .map(|o| if o.is_none() { None } else { Some(o) })
+        .collect())
+}
+
+#[pymethods]
+impl PyElementwiseKernel {
+    #[new]
+    #[pyo3(signature = (in_params, out_params, operation, name="kernel", *, preamble=""))]
+    fn new(
+        in_params: &str,
+        out_params: &str,
+        operation: &str,
+        name: &str,
+        preamble: &str,
+    ) -> PyResult<Self> {
+        Ok(PyElementwiseKernel {
+            inner: ElementwiseKernel::new(in_params, out_params, operation, name, preamble)?,
+        })
+    }
+
+    /// The kernel's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.spec().name
+    }
+
+    /// Runs the kernel: inputs, then optionally the outputs (positionally or as `out=`).
+    #[pyo3(signature = (*args, out=None, stream=None, size=None))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        out: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+        size: Option<usize>,
+    ) -> PyResult<Py<PyAny>> {
+        let _restore = crate::cuda::context::Restore::new();
+        let spec = self.inner.spec();
+        let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
+        let args: Vec<Bound<'_, PyAny>> = args.iter().collect();
+        let outs = if args.len() == nin + nout {
+            if out.is_some_and(|o| !o.is_none()) {
+                return Err(PyTypeError::new_err(
+                    "outputs given both positionally and as out=",
+                ));
+            }
+            args[nin..].iter().map(|o| Some(o.clone())).collect()
+        } else if args.len() == nin {
+            out_objects(out, nout)?
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "{} takes {nin} input(s), optionally followed by its {nout} output(s); got {} \
+                 argument(s)",
+                spec.name,
+                args.len()
+            )));
+        };
+        let explicit = super::stream::parse(stream)?;
+        let objs: Vec<Option<&Bound<'_, PyAny>>> = args[..nin]
+            .iter()
+            .map(Some)
+            .chain(outs.iter().map(Option::as_ref))
+            .collect();
+        let written: Vec<bool> = (0..nin + nout).map(|k| k >= nin).collect();
+        let mut operands = import_operands(&objs, &written, explicit)?;
+        let mut items = std::mem::take(&mut operands.items).into_iter();
+        let inputs: Vec<Arg> = items
+            .by_ref()
+            .take(nin)
+            .map(|o| match o {
+                Some(Operand::Array(a)) => Ok(Arg::Array(a)),
+                Some(Operand::Value(v, d)) => Ok(Arg::Value(v, d)),
+                None => Err(Error::invalid("an input is None")),
+            })
+            .collect::<Result<_, _>>()?;
+        let outputs: Vec<Option<crate::Array>> = items
+            .map(|o| match o {
+                Some(Operand::Array(a)) => Some(a),
+                _ => None,
+            })
+            .collect();
+        let results = py.detach(|| -> crate::Result<Vec<crate::Array>> {
+            operands.order()?;
+            // SAFETY: the operation is the Python user's CUDA C++, trusted as CuPy trusts an
+            // ElementwiseKernel's: it indexes raw arrays within their sizes and touches nothing
+            // beyond its parameters.
+            unsafe { self.inner.call(&inputs, &outputs, operands.stream, size) }
+        })?;
+        // Outputs given are returned as themselves (like numpy's out=); new ones as arrays.
+        let mut back: Vec<Py<PyAny>> = Vec::with_capacity(nout);
+        for (given, result) in outs.into_iter().zip(results) {
+            back.push(match given {
+                Some(o) => o.unbind(),
+                None => Bound::new(py, PyArray::new(result))?.into_any().unbind(),
+            });
+        }
+        if back.len() == 1 {
+            return Ok(back.remove(0));
+        }
+        Ok(PyTuple::new(py, back)?.into_any().unbind())
+    }
+}
+
+/// A CUDA kernel from source, launched on arrays of any producer.
+#[pyclass(name = "RawKernel", module = "cubridge", frozen)]
+pub struct PyRawKernel {
+    inner: RawKernel,
+}
+
+/// A grid or block: an int or a tuple of up to three.
+fn dims(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<[u32; 3]> {
+    let values: Vec<i64> = if let Ok(v) = obj.extract::<i64>() {
+        vec![v]
+    } else {
+        obj.extract::<Vec<i64>>().map_err(|_| {
+            PyTypeError::new_err(format!("{what} must be an int or a tuple of up to 3 ints"))
+        })?
+    };
+    if values.is_empty() || values.len() > 3 {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int or a tuple of up to 3 ints"
+        )));
+    }
+    let mut out = [1u32; 3];
+    for (k, &v) in values.iter().enumerate() {
+        out[k] = u32::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| Error::invalid(format!("{what} {values:?} must be positive")))?;
+    }
+    Ok(out)
+}
+
+#[pymethods]
+impl PyRawKernel {
+    #[new]
+    #[pyo3(signature = (source, name, *, options=Vec::new()))]
+    fn new(source: &str, name: &str, options: Vec<String>) -> PyResult<Self> {
+        Ok(PyRawKernel {
+            inner: RawKernel::new(source, name, options)?,
+        })
+    }
+
+    /// The kernel's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Compiles and loads the kernel on `device` (default: the current device) now.
+    #[pyo3(signature = (device=None))]
+    fn compile(&self, py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let _restore = crate::cuda::context::Restore::new();
+        let device = match device.filter(|d| !d.is_none()) {
+            Some(d) => super::types::parse_device(Some(d))?,
+            None => crate::cuda::current_device()?,
+        };
+        Ok(py.detach(|| self.inner.compile(device))?)
+    }
+
+    /// Launches `grid` blocks of `block` threads with `args`: arrays of any producer (passed as
+    /// pointers) and numpy scalars (passed as their C type).
+    #[pyo3(signature = (grid, block, args, *, shared_mem=0, stream=None))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        grid: &Bound<'_, PyAny>,
+        block: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyAny>,
+        shared_mem: u32,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let _restore = crate::cuda::context::Restore::new();
+        let (grid, block) = (dims(grid, "grid")?, dims(block, "block")?);
+        if !(args.is_instance_of::<PyTuple>() || args.is_instance_of::<PyList>()) {
+            return Err(PyTypeError::new_err("args must be a tuple or a list"));
+        }
+        let objs: Vec<Bound<'_, PyAny>> = args.try_iter()?.collect::<PyResult<_>>()?;
+        for o in &objs {
+            if super::import::python_scalar(o)?.is_some() {
+                return Err(PyTypeError::new_err(format!(
+                    "a raw kernel cannot tell which C type a Python {} is; pass a numpy scalar \
+                     of the parameter's type (numpy.int32(n), numpy.float32(x), ...)",
+                    super::import::type_name(o)
+                )));
+            }
+        }
+        let refs: Vec<Option<&Bound<'_, PyAny>>> = objs.iter().map(Some).collect();
+        // The kernel may write any array it is given: each must be the producer's own memory.
+        let written: Vec<bool> = objs.iter().map(|o| !is_numpy_scalar(o)).collect();
+        let mut operands = import_operands(&refs, &written, super::stream::parse(stream)?)?;
+        let args: Vec<RawArg> = std::mem::take(&mut operands.items)
+            .into_iter()
+            .map(|o| match o {
+                Some(Operand::Array(a)) => Ok(RawArg::Array(a)),
+                Some(Operand::Value(v, Some(d))) => Ok(RawArg::Value(v, d)),
+                _ => Err(Error::invalid("an argument could not be read")),
+            })
+            .collect::<Result<_, _>>()?;
+        py.detach(|| -> crate::Result<()> {
+            operands.order()?;
+            // SAFETY: the kernel and its argument list are the Python user's, trusted as CuPy
+            // trusts a RawKernel's: its parameters are one pointer per array and one C value per
+            // numpy scalar, in order, and it stays inside the arrays it is given.
+            unsafe {
+                self.inner
+                    .launch(grid, block, &args, shared_mem, operands.stream)
+            }
+        })?;
+        Ok(())
+    }
+}
+
+/// Whether `obj` is a numpy scalar (`numpy.float32(1)`, ...), passed to raw kernels by value.
+fn is_numpy_scalar(obj: &Bound<'_, PyAny>) -> bool {
+    obj.get_type()
+        .module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"))
+        && obj
+            .getattr(pyo3::intern!(obj.py(), "ndim"))
+            .and_then(|n| n.extract::<usize>())
+            .is_ok_and(|n| n == 0)
+}
