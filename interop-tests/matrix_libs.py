@@ -111,11 +111,13 @@ def comparable(a):
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """One claim: `producer`'s array reaches `consumer` through `protocol`, zero-copy and intact
-    (kind "transfer" and "stream"), or cubridge.add reads x and y and writes out (kind "add")."""
+    (kind "transfer" and "stream"), cubridge.add reads x and y and writes out (kind "add"), a
+    user's cubridge.ElementwiseKernel does the same (kind "kernel"), or a cubridge.RawKernel
+    reads x and writes y of one producer (kind "raw")."""
 
-    kind: str  # "transfer", "stream" or "add"
+    kind: str  # "transfer", "stream", "add", "kernel" or "raw"
     group: str  # which slice of the matrix: dtypes, layouts, devices, streams, add-*
-    producer: str  # for add: "x,y,out" producers
+    producer: str  # for add and kernel: "x,y,out" producers
     consumer: str
     protocol: str
     dtype: str
@@ -127,7 +129,7 @@ class Cell:
     def id(self):
         parts = [self.group, f"{self.producer}->{self.consumer}", self.protocol, self.dtype]
         parts += [self.layout, self.device]
-        if self.kind == "stream":
+        if self.kind == "stream" or self.group == "kernel-streams":
             parts.append(f"stream={self.stream}")
         return "|".join(parts)
 
@@ -277,11 +279,49 @@ def cells():
                         device,
                     )
                 )
+    out += _kernel_cells(cuda_libs)
+    return out
+
+
+def _kernel_cells(libs):
+    """Users' kernels on cuda:0: an ElementwiseKernel over every producer triple, dtype, layout
+    and producer stream, and a RawKernel on each producer's arrays."""
+    dev = "cuda:0"
+    out = [
+        Cell("kernel", "kernel-producers", f"{x},{y},{z}", "cubridge", "-", "float32",
+             "contiguous", dev)
+        for x in libs for y in libs for z in libs
+    ]  # fmt: skip
+    for p in libs:
+        z = "cubridge" if p == "jax" else p
+        out += [
+            Cell("kernel", "kernel-dtypes", f"{p},{p},{z}", "cubridge", "-", d, "contiguous", dev)
+            for d in DTYPES
+        ]
+        out += [
+            Cell("kernel", "kernel-layouts", f"{p},{p},{z}", "cubridge", "-", "float32", lay, dev)
+            for lay in LAYOUTS
+        ]
+    for p in ["torch", "cupy"]:
+        for mode in ["default", "side"]:
+            out.append(
+                Cell("kernel", "kernel-streams", f"{p},{p},cubridge", "cubridge", "-", "float32",
+                     "contiguous", dev, mode)
+            )  # fmt: skip
+    for p in ["cubridge", "torch", "cupy", "numba"]:
+        for d in ["float16", "float32", "float64", "int32", "int64"]:
+            out.append(Cell("raw", "raw-kernels", p, "cubridge", "-", d, "contiguous", dev))
     return out
 
 
 def why_not_applicable(cell):
-    return add_not_applicable(cell) if cell.kind == "add" else not_applicable(cell)
+    if cell.kind in ("add", "kernel"):
+        return add_not_applicable(cell)
+    if cell.kind == "raw":
+        if cell.device not in producer_devices(cell.producer):
+            return f"{cell.producer} has no arrays on {cell.device}"
+        return None
+    return not_applicable(cell)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -241,3 +241,97 @@ def test_add(cell, request):
     steps.run("cubridge", "consumer", lambda: cb.add(x, y, out=z))
     assert Z.ptr(z) == before
     _check(Z.read(z), expected)
+
+
+# Users' kernels (kinds "kernel" and "raw"): one kernel object each, compiled once per dtype.
+KERNEL = cb.ElementwiseKernel("T x, T y", "T z", "z = x + y", "matrix_add")
+RAW_SOURCE = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void matrix_double(const T* x, T* y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] + x[i];
+}
+"""
+RAW_TYPES = {
+    "float16": "__half",
+    "float32": "float",
+    "float64": "double",
+    "int32": "int",
+    "int64": "long long",
+}
+
+
+def _expected_sum(rx, ry):
+    if rx.dtype.name in ("bfloat16", "float16"):
+        return (rx.astype(np.float32) + ry.astype(np.float32)).astype(rx.dtype)
+    return np.add(rx, ry)
+
+
+@pytest.mark.parametrize("cell", _params("kernel"))
+def test_kernel(cell, request):
+    """A user's ElementwiseKernel `z = x + y` with x, y and out each from its own producer: out is
+    written in place (or, for the stream cells, a new cubridge array) and equals numpy's sum. The
+    stream cells write x on the producer's side stream behind a long kernel and call the kernel
+    under that stream: the kernel must see the write."""
+    px, py, pz = cell.producer.split(",")
+    _skip_if_missing(cell, px, py, pz)
+    if cell.dtype == "bfloat16" and m.ml_dtypes is None:
+        pytest.skip("ml_dtypes is not installed")
+    steps = Steps(cell, request)
+    if cell.group == "kernel-layouts":
+        bx = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=1)
+        by = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=2)
+        rx, ry = m.numpy_layout(bx, cell.layout), m.numpy_layout(by, cell.layout)
+    elif cell.group == "kernel-streams":
+        bx = rx = m.reference_base(cell.dtype, (1 << 16,), seed=1)
+        by = ry = m.reference_base(cell.dtype, (1 << 16,), seed=2)
+    else:
+        bx = rx = m.reference_base(cell.dtype, (3, 4), seed=1)
+        by = ry = m.reference_base(cell.dtype, (4,), seed=2)
+    expected = _expected_sum(rx, ry)
+    layout = cell.layout if cell.group == "kernel-layouts" else "contiguous"
+    X, Y = m.LIBS[px], m.LIBS[py]
+    if cell.group == "kernel-streams":
+        torch = m.LIBS["torch"].module
+        stream, ptr = X.new_stream(cell.device)
+        x = X.make_on(np.full_like(bx, -7.0), cell.device, stream)
+        src = X.make(bx, cell.device)
+        y = Y.make(by, cell.device)
+        X.settle(cell.device, stream, src)
+        torch.cuda.synchronize(m.gpu_index(cell.device))
+        with X.current(stream):
+            ext = _sleep_on(ptr, cell.device)
+            X.write(x, src, stream)
+            if cell.stream == "side":
+                assert not ext.query(), "the side stream finished early: no race to lose"
+                z = steps.run("cubridge", "consumer", lambda: KERNEL(x, y))
+            else:
+                X.settle(cell.device, stream, x)
+                z = steps.run("cubridge", "consumer", lambda: KERNEL(x, y))
+        host = _read_after(m.LIBS["cubridge"], z, expected)
+        _check(host, expected)
+        return
+    x = steps.run(px, "producer", lambda: X.view(X.make(bx, cell.device), layout))
+    y = steps.run(py, "producer", lambda: Y.view(Y.make(by, cell.device), layout))
+    Z = m.LIBS[pz]
+    z = Z.make(np.zeros(expected.shape, expected.dtype), cell.device)
+    before = Z.ptr(z)
+    returned = steps.run("cubridge", "consumer", lambda: KERNEL(x, y, out=z))
+    assert returned is z
+    assert Z.ptr(z) == before
+    _check(Z.read(z), expected)
+
+
+@pytest.mark.parametrize("cell", _params("raw"))
+def test_raw(cell, request):
+    """A cubridge.RawKernel reads x and writes y = x + x, both of one producer, in place."""
+    _skip_if_missing(cell, cell.producer)
+    P, steps = m.LIBS[cell.producer], Steps(cell, request)
+    kernel = cb.RawKernel(RAW_SOURCE, "matrix_double", options=(f"-DT={RAW_TYPES[cell.dtype]}",))
+    bx = m.reference_base(cell.dtype, (1000,), seed=3)
+    x = steps.run(cell.producer, "producer", lambda: P.make(bx, cell.device))
+    y = P.make(np.zeros_like(bx), cell.device)
+    before = P.ptr(y)
+    steps.run("cubridge", "consumer", lambda: kernel(4, 256, (x, y, np.int64(bx.size))))
+    assert P.ptr(y) == before
+    _check(P.read(y), (bx + bx).astype(bx.dtype))

@@ -1,0 +1,332 @@
+"""Users' kernels: cubridge.ElementwiseKernel and cubridge.RawKernel. Declarations are checked on
+every machine; kernels run (marked ``cuda``) on torch, CuPy and cubridge arrays, every result
+compared with numpy or torch."""
+
+import gc
+import time
+
+import cubridge as cb
+import numpy as np
+import pytest
+from conftest import NUMPY_DTYPES, _try_import, sample, torch
+
+cupy = _try_import("cupy")
+HAS_GPU = cb.cuda.is_available() and torch is not None and torch.cuda.is_available()
+cuda = [pytest.mark.cuda, pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")]
+needs_cupy = pytest.mark.skipif(cupy is None, reason="cupy is not installed")
+
+
+# --- declarations (every machine) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ins", "outs", "message"),
+    [
+        ("float x", "float32 z", "is not a type"),
+        ("float32", "float32 z", "TYPE NAME"),
+        ("float32 i", "float32 z", "cannot name a parameter"),
+        ("float32 x", "float32 x", "declared twice"),
+        ("float32 x", "", "at least one output"),
+        ("T x, float32 T", "T z", "also a parameter"),
+    ],
+)
+def test_bad_declarations_are_refused_when_made(ins, outs, message):
+    with pytest.raises(ValueError, match=message):
+        cb.ElementwiseKernel(ins, outs, "z = x", "k")
+
+
+def test_kernel_names_must_be_identifiers():
+    with pytest.raises(ValueError, match="C identifier"):
+        cb.ElementwiseKernel("float32 x", "float32 z", "z = x", "my kernel")
+    with pytest.raises(ValueError, match="not a kernel name"):
+        cb.RawKernel("", "two words")
+
+
+@pytest.mark.skipif(cb.cuda.is_available(), reason="this machine has CUDA")
+def test_without_cuda_kernels_are_made_but_raise_when_called():
+    k = cb.ElementwiseKernel("T x", "T z", "z = x", "copy_kernel")
+    assert k.name == "copy_kernel"
+    with pytest.raises(cb.CudaUnavailableError, match="copy_kernel runs on CUDA"):
+        k(np.ones(3, np.float32))
+    r = cb.RawKernel('extern "C" __global__ void f(float* x) {}', "f")
+    with pytest.raises(cb.CudaUnavailableError):
+        r(1, 32, (np.ones(3, np.float32),))
+
+
+def test_raw_kernel_refuses_python_scalars():
+    r = cb.RawKernel('extern "C" __global__ void f(int n) {}', "f")
+    with pytest.raises(TypeError, match=r"numpy.int32\(n\)"):
+        r(1, 32, (3,))
+
+
+# --- ElementwiseKernel on the GPU ---------------------------------------------------------------
+
+AXPY = cb.ElementwiseKernel(
+    "T x, T y, float32 a", "T z", "z = (T)(a * (float)x + (float)y)", "axpy"
+)
+SUM = cb.ElementwiseKernel("T x, T y", "T z", "z = x + y", "sum_kernel")
+
+
+def _t(x):
+    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
+def _host(z):
+    if isinstance(z, torch.Tensor):
+        return z.cpu().numpy()
+    return np.asarray(cb.asarray(z, device="cpu"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("dtype", [d for d in NUMPY_DTYPES if not d.startswith("uint")])
+def test_every_dtype_on_torch_tensors(dtype):
+    x, y = sample((1000,), dtype, 1), sample((1000,), dtype, 2)
+    z = SUM(_t(x), _t(y))
+    assert isinstance(z, cb.Array) and z.dtype == cb.dtype(dtype)
+    if dtype == "float16":
+        want = (x.astype(np.float32) + y.astype(np.float32)).astype(np.float16)
+    else:
+        want = x + y
+    np.testing.assert_array_equal(_host(z), want)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("n", [1, 7, 4096 + 3, 1 << 20])
+def test_axpy_matches_torch(dtype, n):
+    td = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(n)
+    x = torch.randn(n, device="cuda", generator=g).to(td)
+    y = torch.randn(n, device="cuda", generator=g).to(td)
+    z = AXPY(x, y, 2.5)
+    want = (2.5 * x.float() + y.float()).to(td)
+    got = torch.from_dlpack(z)
+    assert got.data_ptr() == z.__cuda_array_interface__["data"][0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # Misaligned views take the one-element path, not the vector one.
+    z2 = AXPY(x[1:], y[1:], 2.5)
+    torch.testing.assert_close(torch.from_dlpack(z2), want[1:], rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize(
+    "case", ["transposed", "broadcast-row", "broadcast-col", "negative", "9-d", "0-d"]
+)
+def test_layouts_against_numpy(case):
+    rng = np.random.default_rng(0)
+    if case == "9-d":
+        # Nine dimensions merge into one when every operand is contiguous; reversed against a
+        # contiguous one, none merge, and more than eight are refused with a reason.
+        a = rng.standard_normal((2,) * 9).astype(np.float32)
+        x = y = _t(a)
+        rx = ry = a
+        with pytest.raises(ValueError, match="at most 8"):
+            SUM(x.permute(8, 7, 6, 5, 4, 3, 2, 1, 0), y)
+    elif case == "0-d":
+        rx = ry = np.float32(3.0) * np.ones((), np.float32)
+        x, y = _t(rx), _t(ry)
+    else:
+        a = rng.standard_normal((37, 53)).astype(np.float32)
+        b = rng.standard_normal((53, 37)).astype(np.float32)
+        row = rng.standard_normal((53,)).astype(np.float32)
+        col = rng.standard_normal((37, 1)).astype(np.float32)
+        rx, ry = {
+            "transposed": (a, b.T),
+            "broadcast-row": (a, row),
+            "broadcast-col": (a, col),
+            "negative": (a[::-1, ::-2], b.T[::-1, ::-2]),
+        }[case]
+        x = _t(a)
+        y = {
+            "transposed": _t(b).T,
+            "broadcast-row": _t(row),
+            "broadcast-col": _t(col),
+        }.get(case)
+        if case == "negative":
+            # torch has no negative strides: CuPy views of the same layouts, when present.
+            if cupy is None:
+                pytest.skip("cupy is not installed")
+            x, y = cupy.asarray(a)[::-1, ::-2], cupy.asarray(b).T[::-1, ::-2]
+    z = SUM(x, y)
+    np.testing.assert_array_equal(_host(z), rx + ry)
+    # Into a transposed foreign output, in place.
+    out = torch.empty(tuple(reversed(z.shape)), device="cuda").T if z.ndim == 2 else None
+    if out is not None:
+        assert SUM(x, y, out=out) is out
+        np.testing.assert_array_equal(out.cpu().numpy(), rx + ry)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_parameters_index_and_size():
+    rev = cb.ElementwiseKernel("raw T w", "T z", "z = w[_ind.size() - i - 1]", "reverse")
+    w = torch.arange(10, dtype=torch.float32, device="cuda")
+    z = torch.empty(10, device="cuda")
+    assert rev(w, z) is z  # outputs may be passed positionally
+    np.testing.assert_array_equal(z.cpu().numpy(), np.arange(10, dtype=np.float32)[::-1])
+    # Only raw arrays: the loop's size comes from size=.
+    fill = cb.ElementwiseKernel("raw T w", "raw T z", "z[i] = w[i] * 2", "double_raw")
+    z2 = torch.zeros(4, 5, device="cuda").T  # a strided raw output
+    fill(torch.arange(20.0, device="cuda").reshape(5, 4), z2, size=20)
+    np.testing.assert_array_equal(z2.cpu().numpy().reshape(-1), 2 * np.arange(20, dtype=np.float32))
+    with pytest.raises(ValueError, match="size="):
+        fill(w, torch.zeros(10, device="cuda"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_two_outputs_scalars_and_type_binding():
+    k = cb.ElementwiseKernel("T x, T s", "T p, float64 q", "p = x * s; q = (double)x + s", "two")
+    x = torch.arange(6, dtype=torch.int32, device="cuda")
+    p, q = k(x, 3)  # the Python int takes x's type
+    np.testing.assert_array_equal(_host(p), np.arange(6, dtype=np.int32) * 3)
+    assert q.dtype == cb.float64
+    np.testing.assert_array_equal(_host(q), np.arange(6) + 3.0)
+    # A numpy scalar binds a type name that no array binds.
+    fill = cb.ElementwiseKernel("T v", "T z", "z = v", "fill")
+    z = fill(np.float64(2.5), size=4)
+    assert z.dtype == cb.float64 and z.device.type == "cuda"
+    np.testing.assert_array_equal(_host(z), np.full(4, 2.5))
+    with pytest.raises(TypeError, match="declared float32"):
+        AXPY(x, x, np.float32(1.0), out=torch.empty(6, device="cuda"))
+    with pytest.raises(TypeError):
+        SUM(x, x.float())  # one type name, two dtypes
+    with pytest.raises(TypeError):
+        k(x.float(), 1.5 + 2j)  # a complex value into a real type
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@needs_cupy
+def test_cupy_and_cubridge_operands_and_outputs_in_place():
+    x = cupy.arange(100, dtype=cupy.float32)
+    y = cb.arange(100, dtype=cb.float32, device="cuda")
+    out = cupy.zeros(100, dtype=cupy.float32)
+    assert SUM(x, y, out=out) is out
+    np.testing.assert_array_equal(cupy.asnumpy(out), 2 * np.arange(100, dtype=np.float32))
+    # The same kernel object serves cupy, torch and cubridge outputs.
+    t = torch.zeros(100, device="cuda")
+    assert SUM(x, y, out=(t,)) is t
+    np.testing.assert_array_equal(t.cpu().numpy(), 2 * np.arange(100, dtype=np.float32))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_errors_are_clear_and_launch_nothing():
+    x = torch.ones(8, device="cuda")
+    before = cb.cuda.memory_stats()["allocations"]
+    bad = cb.ElementwiseKernel("T x", "T z", "z = x +* 1", "broken")
+    with pytest.raises(cb.CompileError, match=r"line \d+: z = x \+\* 1"):
+        bad(x)
+    with pytest.raises(TypeError, match="takes 3 input"):
+        AXPY(x, x)
+    with pytest.raises(ValueError, match="elementwise kernels run on one CUDA device"):
+        SUM(x, np.ones(8, np.float32) * np.arange(8, dtype=np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        SUM(x, x, out=torch.empty(4, device="cuda"))
+    with pytest.raises(ValueError, match="out= gives 2"):
+        SUM(x, x, out=(x, x))
+    with pytest.raises(BufferError, match="requires grad"):
+        SUM(x, x, out=torch.zeros(8, device="cuda", requires_grad=True))
+    gc.collect()
+    assert cb.cuda.memory_stats()["allocations"] == before
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_runs_on_the_current_torch_stream_after_its_writes():
+    side = torch.cuda.Stream()
+    cycles = int(0.1 * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        x.fill_(4.0)  # queued behind 0.1 s on the side stream
+        z = SUM(x, x)  # runs on the side stream (torch's current one), after the fill
+        y = torch.from_dlpack(z) + 0
+    torch.cuda.synchronize()
+    assert (y == 8.0).all()
+    # An explicit stream= wins; the call does not wait for unrelated work on another stream.
+    busy = torch.cuda.Stream()
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(cycles)
+    start = time.perf_counter()
+    z = SUM(x, x, stream=torch.cuda.default_stream())
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.05, f"the call waited {elapsed * 1e3:.1f} ms for an unrelated stream"
+    torch.cuda.synchronize()
+    assert (torch.from_dlpack(z) == 8.0).all()
+
+
+# --- RawKernel ---------------------------------------------------------------------------------
+
+SCALE = r"""
+extern "C" __global__ void scale(const float* x, float* y, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i];
+}
+extern "C" __global__ void reverse_shared(const float* x, float* y, int n) {
+    extern __shared__ float tile[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = x[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = tile[n - 1 - i];
+}
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("lib", ["torch", "cupy", "cubridge"])
+def test_raw_kernel_on_each_producer(lib):
+    if lib == "cupy" and cupy is None:
+        pytest.skip("cupy is not installed")
+    n = 1000
+    ref = np.arange(n, dtype=np.float32)
+    make = {
+        "torch": lambda a: torch.from_numpy(a).cuda(),
+        "cupy": lambda a: cupy.asarray(a) if cupy is not None else None,
+        "cubridge": lambda a: cb.asarray(a, device="cuda"),
+    }[lib]
+    x, y = make(ref), make(np.zeros(n, np.float32))
+    k = cb.RawKernel(SCALE, "scale")
+    k((n + 255) // 256, 256, (x, y, np.float32(0.5), np.int32(n)))
+    np.testing.assert_array_equal(np.asarray(_host(cb.asarray(y))), 0.5 * ref)
+    # 64 KiB of dynamic shared memory: more than a block gets without opting in.
+    m = 16384
+    big = make(np.arange(m, dtype=np.float32))
+    out = make(np.zeros(m, np.float32))
+    cb.RawKernel(SCALE, "reverse_shared")(1, 256, [big, out, np.int32(m)], shared_mem=m * 4)
+    np.testing.assert_array_equal(
+        np.asarray(_host(cb.asarray(out))), np.arange(m, dtype=np.float32)[::-1]
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_kernel_errors_and_stream_order():
+    x = torch.ones(8, device="cuda")
+    k = cb.RawKernel(SCALE, "scale")
+    with pytest.raises(ValueError, match="1024"):
+        k(1, (64, 32), (x, x, np.float32(1), np.int32(8)))
+    with pytest.raises(ValueError, match="positive"):
+        k(0, 32, (x, x, np.float32(1), np.int32(8)))
+    with pytest.raises(cb.CompileError, match="undefined"):
+        cb.RawKernel('extern "C" __global__ void f() { nope(); }', "f").compile()
+    with pytest.raises(cb.CudaError, match="NOT_FOUND"):
+        cb.RawKernel(SCALE, "missing").compile()
+    with pytest.raises(ValueError, match="one CUDA device"):
+        k(1, 32, (x, np.ones(8, np.float32), np.float32(1), np.int32(8)))
+    # On a side stream behind a long kernel: the launch follows the write of x on that stream.
+    side = torch.cuda.Stream()
+    cycles = int(0.1 * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    y = torch.zeros(8, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        x.fill_(3.0)
+        k(1, 32, (x, y, np.float32(2.0), np.int32(8)))
+    torch.cuda.synchronize()
+    assert (y == 6.0).all()
