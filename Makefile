@@ -4,7 +4,7 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(VENV)
 
-.PHONY: demo test test-rust test-python build lint format bench clean
+.PHONY: demo test test-rust test-python test-example build lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,9 @@ build: $(VENV)/.build-deps
 demo: build
 	$(BIN)/python examples/demo.py
 
-## test: every test: Rust unit tests, then the interop suite (CUDA cases skip without a GPU)
-test: test-rust test-python
+## test: every test: Rust unit tests, the interop suite (CUDA cases skip without a GPU), then
+## the example extension crate (examples/extension), built and tested
+test: test-rust test-python test-example
 
 test-rust:
 	cargo test --quiet
@@ -39,12 +40,19 @@ test-rust:
 test-python: build $(VENV)/.test-deps
 	$(BIN)/python -m pytest interop-tests -q
 
+test-example: build $(VENV)/.test-deps
+	cd examples/extension && $(BIN)/maturin develop -q
+	$(BIN)/python -m pytest examples/extension/tests -q
+
 ## lint: formatting and lints that must pass before a commit (CI runs it before the tests):
 ## Rust format and clippy, ruff's lints and format check, and the stubs against the extension
 lint: build $(VENV)/.lint-deps
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features python
+	cargo fmt --manifest-path examples/extension/Cargo.toml -- --check
+	cargo clippy --manifest-path examples/extension/Cargo.toml -- -D warnings
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy.stubtest cubridge._cubridge --allowlist stubtest-allowlist.txt

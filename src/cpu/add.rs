@@ -107,7 +107,7 @@ type C128 = Complex<f64>;
 /// Adds with the element types that `(a, b, out)` dtypes name.
 ///
 /// # Safety
-/// As [`add_typed`], with the pointers holding elements of the named dtypes, and `out` being
+/// As `add_typed`, with the pointers holding elements of the named dtypes, and `out` being
 /// `DType::promote(a, b)`.
 pub unsafe fn add(
     dtypes: [DType; 3],

@@ -11,6 +11,10 @@ pub mod nvrtc;
 pub mod release;
 pub mod stream;
 
+/// The driver API's types (`CUfunction`, `CUstream`, ...), for extension crates that launch
+/// their own kernels through [`launch::launch`].
+pub use cudarc::driver::sys;
+
 use crate::device::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::DriverError;

@@ -175,10 +175,10 @@ fn dims(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<[u32; 3]> {
 #[pymethods]
 impl PyRawKernel {
     #[new]
-    #[pyo3(signature = (source, name, *, options=Vec::new()))]
-    fn new(source: &str, name: &str, options: Vec<String>) -> PyResult<Self> {
+    #[pyo3(signature = (source, name, *, options=None))]
+    fn new(source: &str, name: &str, options: Option<Vec<String>>) -> PyResult<Self> {
         Ok(PyRawKernel {
-            inner: RawKernel::new(source, name, options)?,
+            inner: RawKernel::new(source, name, options.unwrap_or_default())?,
         })
     }
 

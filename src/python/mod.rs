@@ -11,6 +11,7 @@ mod array;
 mod buffer;
 mod cai;
 mod errors;
+mod extension;
 mod functions;
 mod import;
 mod kernels;
@@ -19,6 +20,7 @@ mod stream;
 mod types;
 
 pub use array::PyArray;
+pub use extension::prepare_extension;
 pub use operands::{work_stream, AnyArray};
 
 use pyo3::prelude::*;
@@ -46,7 +48,6 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::cuda_empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_record_stream, m)?)?;
-    crate::cuda::memory::set_out_of_memory_hook(functions::release_other_caches);
     m.add_function(wrap_pyfunction!(functions::_add_nvrtc_search_dirs, m)?)?;
     m.add_class::<stream::PyStream>()?;
     m.add_class::<kernels::PyElementwiseKernel>()?;
@@ -54,9 +55,5 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Buffers that queued kernels hold are released while the interpreter can still run their
     // producers' deleters (see cuda::release).
-    let release = wrap_pyfunction!(functions::_release_pending, m)?;
-    m.py()
-        .import("atexit")?
-        .call_method1("register", (release,))?;
-    Ok(())
+    extension::register_shutdown(m)
 }

@@ -273,3 +273,45 @@ mod tests {
         );
     }
 }
+
+/// Compiles generated programs with NVRTC when `CUBRIDGE_TEST_NVRTC_DIR` names a folder holding
+/// libnvrtc (no GPU needed; the `nvidia-cuda-nvrtc` pip package has one): every role, and every
+/// dtype in the vector and strided kernels, must compile. Skipped (with a note) otherwise.
+#[cfg(test)]
+mod compile_tests {
+    use super::*;
+
+    #[test]
+    fn generated_programs_compile() {
+        let Some(dir) = std::env::var_os("CUBRIDGE_TEST_NVRTC_DIR") else {
+            eprintln!("CUBRIDGE_TEST_NVRTC_DIR is not set: generated kernels not compiled");
+            return;
+        };
+        crate::cuda::nvrtc::add_search_dirs([std::path::PathBuf::from(dir)]);
+        let spec = Spec::new(
+            "T x, raw T w, T a",
+            "T z, T acc",
+            "z = x + w[i % w.size()] + a; acc += z",
+            "gen",
+            "",
+        )
+        .unwrap();
+        for d in DType::ALL {
+            let sig = Signature {
+                dtypes: vec![d; 5],
+                roles: vec![
+                    Role::Element,
+                    Role::Raw,
+                    Role::Value,
+                    Role::Element,
+                    Role::Element,
+                ],
+            };
+            let p = program(&spec, &sig, &[false, true]);
+            let key = format!("test_gen_{d}_{}", std::process::id());
+            if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
+                panic!("{d}: {e}\n{}", p.source);
+            }
+        }
+    }
+}

@@ -1,0 +1,88 @@
+"""A user's elementwise kernel z = a * x + y beside its peers, in one run (wall time per call,
+median of 7 interleaved rounds, each round ended by a synchronize so that queued GPU work counts):
+
+- cubridge: cubridge.ElementwiseKernel("T x, T y, float32 a", "T z", ...) on torch tensors, with
+  `out=` (a preallocated torch tensor) and allocating its result;
+- torch: torch.add(y, x, alpha=a), the one fused op torch has for it, with `out=` and allocating;
+- CuPy: cupy.ElementwiseKernel with the same operation on the same memory (cupy views of the
+  torch tensors), with `out=` and allocating (bfloat16: no CuPy peer).
+
+float32 and bfloat16 at 2^10 (call overhead) and 2^20 to 2^26 (bandwidth). Goal: cubridge at
+least 1.0x both peers at 2^24 and above, and a call overhead at most CuPy's.
+
+    python benches/kernels.py [--out DIR]
+"""
+
+import argparse
+import os
+
+import cubridge as cb
+import cupy as cp
+import torch
+from _common import header, interleaved, save_json, versions
+
+OP = "z = (T)(a * (float)x + (float)y)"
+CB = cb.ElementwiseKernel("T x, T y, float32 a", "T z", OP, "bench_axpy")
+CP = cp.ElementwiseKernel("T x, T y, float32 a", "T z", "z = a * x + y", "bench_axpy")
+
+
+def calls_for(n):
+    return max(20, min(5000, (1 << 28) // max(n, 1) // 8))
+
+
+def peers(mode, a, x, y, out, cx, cy, cout):
+    """The calls compared in one row: with `out=`, or allocating their result."""
+    if mode == "out":
+        fns = {
+            "torch": lambda: torch.add(y, x, alpha=a, out=out),
+            "cubridge": lambda: CB(x, y, a, out=out),
+        }
+        if cx is not None:
+            fns["cupy"] = lambda: CP(cx, cy, cp.float32(a), cout)
+        return fns
+    fns = {"torch": lambda: torch.add(y, x, alpha=a), "cubridge": lambda: CB(x, y, a)}
+    if cx is not None:
+        fns["cupy"] = lambda: CP(cx, cy, cp.float32(a))
+    return fns
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="benches/results")
+    args = p.parse_args()
+    info = versions()
+    print(header(info))
+    a = 2.5
+    rows = []
+    print(
+        f"\n{'dtype':9} {'n':>5} {'mode':6} {'torch':>10} {'cupy':>10} {'cubridge':>10}  "
+        "cb/torch  cb/cupy"
+    )
+    for dtype in ("float32", "bfloat16"):
+        td = getattr(torch, dtype)
+        for k in (10, 20, 22, 24, 26):
+            n = 1 << k
+            x = torch.randn(n, device="cuda").to(td)
+            y = torch.randn(n, device="cuda").to(td)
+            out = torch.empty_like(x)
+            cx, cy, cout = (
+                (cp.from_dlpack(t) for t in (x, y, out)) if dtype != "bfloat16" else (None,) * 3
+            )
+            for mode in ("out", "alloc"):
+                fns = peers(mode, a, x, y, out, cx, cy, cout)
+                t = interleaved(fns, calls_for(n))
+                row = {"dtype": dtype, "n": n, "mode": mode, **{k2: v for k2, v in t.items()}}
+                rows.append(row)
+                cupy_t = t.get("cupy")
+                print(
+                    f"{dtype:9} 2^{k:<3} {mode:6} {t['torch'] * 1e6:8.1f}us "
+                    + (f"{cupy_t * 1e6:8.1f}us " if cupy_t else f"{'-':>10} ")
+                    + f"{t['cubridge'] * 1e6:8.1f}us  {t['cubridge'] / t['torch']:7.2f}x  "
+                    + (f"{t['cubridge'] / cupy_t:6.2f}x" if cupy_t else "     -")
+                )
+    os.makedirs(args.out, exist_ok=True)
+    save_json(os.path.join(args.out, "kernels.json"), {"versions": info, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+//! An extension module built on cubridge: `scaled_add(x, y, alpha)` returns `alpha * x + y` for
+//! float32 arrays of any producer (torch, CuPy, numpy, JAX, Numba, cubridge), computed by a
+//! CUDA kernel of this crate's own on device memory and by a Rust loop on host memory, without
+//! copying the inputs. The result is a cubridge array, which every framework takes.
+
+use cubridge::cuda::kernels::{program, Program};
+use cubridge::cuda::launch::{launch, Params, BLOCK};
+use cubridge::cuda::stream::Stream;
+use cubridge::ops::launch::Launch;
+use cubridge::python::{prepare_extension, work_stream, AnyArray, PyArray};
+use cubridge::{Array, DType, Device, Error, Result};
+use pyo3::prelude::*;
+
+/// This crate's kernel: a grid-stride loop over contiguous float32 arrays.
+const SOURCE: &str = r#"
+extern "C" __global__ void scaled_add(const float* x, const float* y, float* out, float alpha,
+                                      long long n) {
+    long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        out[i] = alpha * x[i] + y[i];
+}
+"#;
+
+/// What this example supports: contiguous float32 arrays of one shape on one device.
+fn check(x: &Array, y: &Array) -> Result<()> {
+    for (name, a) in [("x", x), ("y", y)] {
+        if a.dtype() != DType::Float32 {
+            return Err(Error::invalid(format!(
+                "{name} is {}; scaled_add takes float32",
+                a.dtype()
+            )));
+        }
+        if !a.layout().is_contiguous() {
+            return Err(Error::invalid(format!("{name} must be contiguous")));
+        }
+    }
+    if x.shape() != y.shape() {
+        return Err(Error::invalid("x and y must have one shape"));
+    }
+    if x.device().is_host_accessible() != y.device().is_host_accessible()
+        || (!x.device().is_host_accessible() && x.device() != y.device())
+    {
+        return Err(Error::invalid(format!(
+            "x is on {} and y on {}",
+            x.device(),
+            y.device()
+        )));
+    }
+    Ok(())
+}
+
+/// `alpha * x + y` for float32 arrays of any producer, as a new cubridge array on their device.
+/// On CUDA it runs on `stream` when given, else on the producer's current stream (torch's),
+/// else the default stream, after the inputs' pending work.
+#[pyfunction]
+#[pyo3(signature = (x, y, alpha, *, stream=None))]
+fn scaled_add(
+    py: Python<'_>,
+    x: AnyArray,
+    y: AnyArray,
+    alpha: f32,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyArray> {
+    let stream = work_stream(stream, &[&x, &y])?;
+    let (x, y) = (x.array(), y.array());
+    check(x, y)?;
+    let out = py.detach(|| match x.device() {
+        Device::Cuda(_) => on_gpu(x, y, alpha, stream),
+        _ => on_cpu(x, y, alpha),
+    })?;
+    Ok(PyArray::new(out))
+}
+
+fn on_cpu(x: &Array, y: &Array, alpha: f32) -> Result<Array> {
+    let out = Array::empty(x.shape(), DType::Float32, Device::Cpu)?;
+    let n = x.numel();
+    // SAFETY: x and y are contiguous float32 arrays of n elements in host memory (checked), which
+    // their producers keep alive while we hold them; out is a new array of n float32 elements
+    // that nothing else references.
+    let (xs, ys, os) = unsafe {
+        (
+            std::slice::from_raw_parts(x.data_ptr() as *const f32, n),
+            std::slice::from_raw_parts(y.data_ptr() as *const f32, n),
+            std::slice::from_raw_parts_mut(out.data_ptr() as *mut f32, n),
+        )
+    };
+    for ((o, &a), &b) in os.iter_mut().zip(xs).zip(ys) {
+        *o = alpha * a + b;
+    }
+    Ok(out)
+}
+
+fn on_gpu(x: &Array, y: &Array, alpha: f32, stream: Stream) -> Result<Array> {
+    // The launch: the result allocated on the stream, the inputs' pending writes ordered first.
+    let work = Launch::begin(x.device(), stream)?;
+    let out = work.empty(x.shape(), DType::Float32)?;
+    work.order(&[x, y, &out])?;
+    // Compiled with NVRTC once per device and cached on disk, as cubridge's own kernels are.
+    let kernel = program(
+        work.ordinal(),
+        &Program {
+            name: "scaled_add".into(),
+            source: SOURCE.into(),
+            options: Vec::new(),
+            functions: vec!["scaled_add".into()],
+        },
+    )?[0];
+    let n = x.numel();
+    let mut params = Params::new();
+    params.push(x.data_ptr());
+    params.push(y.data_ptr());
+    params.push(out.data_ptr());
+    params.push(alpha);
+    params.push(n as i64);
+    let grid = n.div_ceil(BLOCK as usize).clamp(1, 1 << 20) as u32;
+    // SAFETY: the parameters are the kernel's (three float pointers, a float, a long long); x, y
+    // and out hold n contiguous float32 elements on this device (checked) and stay valid until
+    // the kernel has run (work.finish below); program() loaded the kernel in the device's
+    // context, which work.order() made current.
+    unsafe {
+        launch(
+            kernel as cubridge::cuda::sys::CUfunction,
+            (grid, 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            work.stream().handle(),
+            &mut params.pointers(),
+        )?
+    };
+    // x and y stay alive until the kernel has run; out records it as its pending write.
+    work.finish(&[x, y], &[&out])?;
+    Ok(out)
+}
+
+#[pymodule]
+fn cubridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    prepare_extension(m)?;
+    m.add_function(wrap_pyfunction!(scaled_add, m)?)
+}
