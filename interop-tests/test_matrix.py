@@ -246,8 +246,10 @@ def test_add(cell, request):
 # Users' kernels (kinds "kernel" and "raw"): one kernel object each, compiled once per dtype.
 KERNEL = cb.ElementwiseKernel("T x, T y", "T z", "z = x + y", "matrix_add")
 RAW_SOURCE = r"""
+#ifdef WITH_FP16
 #include <cuda_fp16.h>
-extern "C" __global__ void matrix_double(const T* x, T* y, long long n) {
+#endif
+extern "C" __global__ void matrix_double(const ELEM* x, ELEM* y, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = x[i] + x[i];
 }
@@ -327,7 +329,10 @@ def test_raw(cell, request):
     """A cubridge.RawKernel reads x and writes y = x + x, both of one producer, in place."""
     _skip_if_missing(cell, cell.producer)
     P, steps = m.LIBS[cell.producer], Steps(cell, request)
-    kernel = cb.RawKernel(RAW_SOURCE, "matrix_double", options=(f"-DT={RAW_TYPES[cell.dtype]}",))
+    options = [f"-DELEM={RAW_TYPES[cell.dtype]}"]
+    if cell.dtype == "float16":
+        options.append("-DWITH_FP16")
+    kernel = cb.RawKernel(RAW_SOURCE, "matrix_double", options=options)
     bx = m.reference_base(cell.dtype, (1000,), seed=3)
     x = steps.run(cell.producer, "producer", lambda: P.make(bx, cell.device))
     y = P.make(np.zeros_like(bx), cell.device)
