@@ -289,6 +289,49 @@ def build(runs):
                          results, notes))  # fmt: skip
 
     out.append("")
+    out.append("## Users' kernels on cuda:0")
+    out.append("")
+    out.append("A `cubridge.ElementwiseKernel` `z = x + y` (`T x, T y` → `T z`) with x, y and `out` "
+               "from any producer, and a `cubridge.RawKernel` `y = x + x` on one producer's "
+               "arrays (`y` written in place).")  # fmt: skip
+    kern = [c for c in cells if c.kind == "kernel"]
+    libs = sorted({p for c in kern for p in c.producer.split(",")}, key=m.LIBRARIES.index)
+    out.append("")
+    out.append("### ElementwiseKernel: float32, x (3, 4), y (4,) broadcast; rows x, y; columns z")
+    out.append("")
+    out.append(table("x, y", [(f"{x}, {y}", (x, y)) for x in libs for y in libs],
+                     [(z, z) for z in libs],
+                     lambda rk, z: [c for c in kern if c.group == "kernel-producers"
+                                    and c.producer == f"{rk[0]},{rk[1]},{z}"],
+                     results, notes))  # fmt: skip
+    out.append("")
+    out.append("### ElementwiseKernel: every dtype and layout, x, y and z from one producer "
+               "(z from cubridge for jax); streams: x written on the producer's side stream "
+               "behind a 0.1 s kernel, the kernel called under that stream")  # fmt: skip
+    out.append("")
+    cols = [(g, ("kernel-dtypes", ds)) for g, ds in DTYPE_GROUPS.items()]
+    cols += [(lay, ("kernel-layouts", [lay])) for lay in m.LAYOUTS]
+    cols += [(f"stream {s}", ("kernel-streams", [s])) for s in ("default", "side")]
+
+    def kernel_lookup(p, ck):
+        def key(c):
+            return {"kernel-dtypes": c.dtype, "kernel-layouts": c.layout}.get(c.group, c.stream)
+
+        return [c for c in kern if c.group == ck[0] and c.producer.startswith(p + ",")
+                and key(c) in ck[1]]  # fmt: skip
+
+    out.append(table("producer", [(p, p) for p in libs], cols, kernel_lookup, results, notes))
+    raw = [c for c in cells if c.kind == "raw"]
+    raw_dtypes = sorted({c.dtype for c in raw}, key=m.DTYPES.index)
+    out.append("")
+    out.append("### RawKernel: x and y of one producer, by dtype")
+    out.append("")
+    out.append(table("producer", [(p, p) for p in sorted({c.producer for c in raw},
+                                                          key=m.LIBRARIES.index)],
+                     [(d, d) for d in raw_dtypes],
+                     lambda p, d: [c for c in raw if c.producer == p and c.dtype == d],
+                     results, notes))  # fmt: skip
+    out.append("")
     out.append("## Notes")
     out.append("")
     for text, n in sorted(notes.texts.items(), key=lambda kv: kv[1]):

@@ -230,6 +230,13 @@ impl ElementwiseKernel {
         }
 
         let launch = Launch::begin(device, stream)?;
+        let ordinal = launch.ordinal();
+        // Compiled before anything is allocated: a compile error leaves nothing behind.
+        let sig = Signature {
+            dtypes: dtypes.clone(),
+            roles: roles.clone(),
+        };
+        let compiled = self.functions(ordinal, sig)?;
         let mut outs = Vec::with_capacity(nout);
         for (j, out) in outputs.iter().enumerate() {
             outs.push(match out {
@@ -253,12 +260,6 @@ impl ElementwiseKernel {
         operands.extend(outs.iter().cloned().map(Some));
         let all: Vec<&Array> = operands.iter().flatten().collect();
         launch.order(&all)?;
-        let ordinal = launch.ordinal();
-        let sig = Signature {
-            dtypes: dtypes.clone(),
-            roles: roles.clone(),
-        };
-        let compiled = self.functions(ordinal, sig)?;
 
         let elements: Vec<usize> = (0..nin + nout)
             .filter(|&k| roles[k] == Role::Element)
