@@ -2,6 +2,9 @@
 
     python3 -m pytest interop-tests/test_matrix.py --matrix-json run.json
     python3 interop-tests/matrix_report.py run.json [more.json ...] > interop-tests/MATRIX.md
+    python3 interop-tests/matrix_report.py --kernels run.json > interop-tests/MATRIX-kernels.md
+
+`--kernels` reports only the cells of users' kernels (ElementwiseKernel and RawKernel).
 
 Several runs may be given (say, a CPU machine and a GPU machine); for each cell the first run
 that ran it counts, and a failure in any run wins. Cells come from matrix_libs.cells(), so a cell
@@ -73,6 +76,10 @@ def environment():
 
 
 def _git_commit():
+    # A copy of the tree without its history (a GPU machine's) names the commit it was made
+    # from in CUBRIDGE_COMMIT.
+    if os.environ.get("CUBRIDGE_COMMIT"):
+        return os.environ["CUBRIDGE_COMMIT"]
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
@@ -152,9 +159,10 @@ def table(title, rows, columns, lookup, results, notes):
     return "\n".join(lines)
 
 
-def build(runs):
+def build(runs, kernels_only=False):
+    """The report of `runs`: every cell, or with `kernels_only` the users' kernels' cells."""
     results = merge(runs)
-    cells = m.cells()
+    cells = [c for c in m.cells() if not kernels_only or c.kind in ("kernel", "raw")]
     notes = Notes()
     by = defaultdict(list)
     for c in cells:
@@ -210,83 +218,85 @@ def build(runs):
     )
     out.append("")
 
-    def transfer_lookup(group, device):
-        return lambda rk, ck: [c for c in by[(group, *rk, device)] if ck(c)]
+    if not kernels_only:
 
-    out.append("## Dtypes (contiguous arrays)")
-    for device in ["cpu", "cuda:0"]:
+        def transfer_lookup(group, device):
+            return lambda rk, ck: [c for c in by[(group, *rk, device)] if ck(c)]
+
+        out.append("## Dtypes (contiguous arrays)")
+        for device in ["cpu", "cuda:0"]:
+            out.append("")
+            out.append(f"### {device}")
+            out.append("")
+            cols = [(g, lambda c, ds=ds: c.dtype in ds) for g, ds in DTYPE_GROUPS.items()]
+            out.append(table("producer → consumer, protocol", pairs, cols,
+                             transfer_lookup("dtypes", device), results, notes))  # fmt: skip
+
         out.append("")
-        out.append(f"### {device}")
+        out.append(f"## Layouts ({' and '.join(m.LAYOUT_DTYPES)})")
+        for device in ["cpu", "cuda:0"]:
+            out.append("")
+            out.append(f"### {device}")
+            out.append("")
+            cols = [(lay, lambda c, lay=lay: c.layout == lay) for lay in m.LAYOUTS]
+            out.append(table("producer → consumer, protocol", pairs, cols,
+                             transfer_lookup("layouts", device), results, notes))  # fmt: skip
+
         out.append("")
-        cols = [(g, lambda c, ds=ds: c.dtype in ds) for g, ds in DTYPE_GROUPS.items()]
-        out.append(table("producer → consumer, protocol", pairs, cols,
-                         transfer_lookup("dtypes", device), results, notes))  # fmt: skip
-
-    out.append("")
-    out.append(f"## Layouts ({' and '.join(m.LAYOUT_DTYPES)})")
-    for device in ["cpu", "cuda:0"]:
+        out.append("## Devices (float32, contiguous)")
         out.append("")
-        out.append(f"### {device}")
+
+        def device_lookup(rk, dev):
+            group = "dtypes" if dev in ("cpu", "cuda:0") else "devices"
+            return [c for c in by[(group, *rk, dev)] if c.dtype == "float32"]
+
+        out.append(table("producer → consumer, protocol", pairs, [(d, d) for d in m.DEVICES],
+                         device_lookup, results, notes))  # fmt: skip
+
         out.append("")
-        cols = [(lay, lambda c, lay=lay: c.layout == lay) for lay in m.LAYOUTS]
-        out.append(table("producer → consumer, protocol", pairs, cols,
-                         transfer_lookup("layouts", device), results, notes))  # fmt: skip
-
-    out.append("")
-    out.append("## Devices (float32, contiguous)")
-    out.append("")
-
-    def device_lookup(rk, dev):
-        group = "dtypes" if dev in ("cpu", "cuda:0") else "devices"
-        return [c for c in by[(group, *rk, dev)] if c.dtype == "float32"]
-
-    out.append(table("producer → consumer, protocol", pairs, [(d, d) for d in m.DEVICES],
-                     device_lookup, results, notes))  # fmt: skip
-
-    out.append("")
-    out.append("## Streams (cuda:0, float32)")
-    out.append("")
-    out.append(
-        "default: written on the default stream. side: written on a non-default stream behind "
-        "a 0.1 s kernel and handed over while it runs (the consumer must see the new values). "
-        "none: exported with `stream=-1` while the kernel runs (the export must not wait); the "
-        "user synchronizes, then the consumer reads."
-    )
-    out.append("")
-    stream_cells = [c for c in cells if c.kind == "stream"]
-    spairs = [(f"{p} → {c}, {proto}", (p, c, proto)) for p in m.LIBRARIES for c in m.LIBRARIES
-              for proto in ("dlpack-versioned", "cai")]  # fmt: skip
-    out.append(table("producer → consumer, protocol", spairs, [(s, s) for s in m.STREAM_MODES],
-                     lambda rk, mode: [c for c in stream_cells
-                                       if (c.producer, c.consumer, c.protocol) == rk
-                                       and c.stream == mode],
-                     results, notes))  # fmt: skip
-
-    out.append("")
-    out.append("## cubridge.add(x, y, out=z) across producers")
-    for device in ["cpu", "cuda:0"]:
-        adds = [c for c in cells if c.kind == "add" and c.device == device]
-        libs = sorted({p for c in adds for p in c.producer.split(",")}, key=m.LIBRARIES.index)
+        out.append("## Streams (cuda:0, float32)")
         out.append("")
-        out.append(f"### {device}: float32, x (3, 4) + y (4,) broadcast; rows x, y; columns z")
+        out.append(
+            "default: written on the default stream. side: written on a non-default stream behind "
+            "a 0.1 s kernel and handed over while it runs (the consumer must see the new values). "
+            "none: exported with `stream=-1` while the kernel runs (the export must not wait); the "
+            "user synchronizes, then the consumer reads."
+        )
         out.append("")
-        out.append(table("x, y", [(f"{x}, {y}", (x, y)) for x in libs for y in libs],
-                         [(z, z) for z in libs],
-                         lambda rk, z, adds=adds: [c for c in adds if c.group == "add-producers"
-                                        and c.producer == f"{rk[0]},{rk[1]},{z}"],
+        stream_cells = [c for c in cells if c.kind == "stream"]
+        spairs = [(f"{p} → {c}, {proto}", (p, c, proto)) for p in m.LIBRARIES for c in m.LIBRARIES
+                  for proto in ("dlpack-versioned", "cai")]  # fmt: skip
+        out.append(table("producer → consumer, protocol", spairs, [(s, s) for s in m.STREAM_MODES],
+                         lambda rk, mode: [c for c in stream_cells
+                                           if (c.producer, c.consumer, c.protocol) == rk
+                                           and c.stream == mode],
                          results, notes))  # fmt: skip
+
         out.append("")
-        out.append(f"### {device}: every dtype and layout, x, y and z from one producer "
-                   "(z from cubridge for jax)")  # fmt: skip
-        out.append("")
-        cols = [(g, ("add-dtypes", ds)) for g, ds in DTYPE_GROUPS.items()]
-        cols += [(lay, ("add-layouts", [lay])) for lay in m.LAYOUTS]
-        out.append(table("producer", [(p, p) for p in libs], cols,
-                         lambda p, ck, adds=adds: [c for c in adds if c.group == ck[0]
-                                        and c.producer.startswith(p + ",")
-                                        and (c.dtype if ck[0] == "add-dtypes" else c.layout)
-                                        in ck[1]],
-                         results, notes))  # fmt: skip
+        out.append("## cubridge.add(x, y, out=z) across producers")
+        for device in ["cpu", "cuda:0"]:
+            adds = [c for c in cells if c.kind == "add" and c.device == device]
+            libs = sorted({p for c in adds for p in c.producer.split(",")}, key=m.LIBRARIES.index)
+            out.append("")
+            out.append(f"### {device}: float32, x (3, 4) + y (4,) broadcast; rows x, y; columns z")
+            out.append("")
+            out.append(table("x, y", [(f"{x}, {y}", (x, y)) for x in libs for y in libs],
+                             [(z, z) for z in libs],
+                             lambda rk, z, adds=adds: [c for c in adds if c.group == "add-producers"
+                                            and c.producer == f"{rk[0]},{rk[1]},{z}"],
+                             results, notes))  # fmt: skip
+            out.append("")
+            out.append(f"### {device}: every dtype and layout, x, y and z from one producer "
+                       "(z from cubridge for jax)")  # fmt: skip
+            out.append("")
+            cols = [(g, ("add-dtypes", ds)) for g, ds in DTYPE_GROUPS.items()]
+            cols += [(lay, ("add-layouts", [lay])) for lay in m.LAYOUTS]
+            out.append(table("producer", [(p, p) for p in libs], cols,
+                             lambda p, ck, adds=adds: [c for c in adds if c.group == ck[0]
+                                            and c.producer.startswith(p + ",")
+                                            and (c.dtype if ck[0] == "add-dtypes" else c.layout)
+                                            in ck[1]],
+                             results, notes))  # fmt: skip
 
     out.append("")
     out.append("## Users' kernels on cuda:0")
@@ -350,9 +360,11 @@ def build(runs):
     return "\n".join(out)
 
 
-def main(paths):
+def main(args):
+    kernels_only = "--kernels" in args
+    paths = [a for a in args if a != "--kernels"]
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
-    sys.stdout.write(build(runs))
+    sys.stdout.write(build(runs, kernels_only))
 
 
 if __name__ == "__main__":

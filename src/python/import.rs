@@ -553,6 +553,33 @@ fn infer_dtype(values: &[Scalar]) -> Result<DType, Error> {
     ))
 }
 
+/// A numpy scalar (`np.float32(2)`, not a 0-d array) as its value and dtype, read through its
+/// attributes (cheaper than importing it as an array); `None` for anything else, and for
+/// dtypes cubridge does not have.
+pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DType)>> {
+    let py = obj.py();
+    let ty = obj.get_type();
+    let from_numpy = ty
+        .module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"));
+    if !from_numpy
+        || ty
+            .name()
+            .is_ok_and(|n| n.to_str().is_ok_and(|n| n == "ndarray"))
+    {
+        return Ok(None);
+    }
+    let Ok(dtype) = obj.getattr(pyo3::intern!(py, "dtype")) else {
+        return Ok(None);
+    };
+    let name: String = dtype.getattr(pyo3::intern!(py, "name"))?.extract()?;
+    let Ok(dtype) = DType::from_name(&name) else {
+        return Ok(None);
+    };
+    let value = python_scalar(&obj.call_method0(pyo3::intern!(py, "item"))?)?;
+    Ok(value.map(|v| (v, dtype)))
+}
+
 /// A numpy scalar (`np.float64(1.0)`, `np.int8(3)`, a 0-d array) as its Python value, for the
 /// elements of a nested sequence, which numpy accepts too.
 fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {

@@ -2,7 +2,7 @@
 //! producer. Conversion only; the kernels live in `ops::elementwise` and `ops::raw`.
 
 use super::array::PyArray;
-use super::operands::{import_operands, Operand};
+use super::operands::{import_operands, Access, Operand};
 use crate::error::Error;
 use crate::ops::elementwise::{Arg, ElementwiseKernel};
 use crate::ops::raw::{RawArg, RawKernel};
@@ -102,8 +102,10 @@ impl PyElementwiseKernel {
             .map(Some)
             .chain(outs.iter().map(Option::as_ref))
             .collect();
-        let written: Vec<bool> = (0..nin + nout).map(|k| k >= nin).collect();
-        let mut operands = import_operands(&objs, &written, explicit)?;
+        let access: Vec<Access> = (0..nin + nout)
+            .map(|k| if k < nin { Access::Read } else { Access::Write })
+            .collect();
+        let mut operands = import_operands(&objs, &access, explicit)?;
         let mut items = std::mem::take(&mut operands.items).into_iter();
         let inputs: Vec<Arg> = items
             .by_ref()
@@ -228,8 +230,8 @@ impl PyRawKernel {
         }
         let refs: Vec<Option<&Bound<'_, PyAny>>> = objs.iter().map(Some).collect();
         // The kernel may write any array it is given: each must be the producer's own memory.
-        let written: Vec<bool> = objs.iter().map(|o| !is_numpy_scalar(o)).collect();
-        let mut operands = import_operands(&refs, &written, super::stream::parse(stream)?)?;
+        let access = vec![Access::Any; objs.len()];
+        let mut operands = import_operands(&refs, &access, super::stream::parse(stream)?)?;
         let args: Vec<RawArg> = std::mem::take(&mut operands.items)
             .into_iter()
             .map(|o| match o {
@@ -250,15 +252,4 @@ impl PyRawKernel {
         })?;
         Ok(())
     }
-}
-
-/// Whether `obj` is a numpy scalar (`numpy.float32(1)`, ...), passed to raw kernels by value.
-fn is_numpy_scalar(obj: &Bound<'_, PyAny>) -> bool {
-    obj.get_type()
-        .module()
-        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"))
-        && obj
-            .getattr(pyo3::intern!(obj.py(), "ndim"))
-            .and_then(|n| n.extract::<usize>())
-            .is_ok_and(|n| n == 0)
 }

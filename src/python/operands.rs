@@ -2,7 +2,9 @@
 //! scalars, and the stream the kernel runs on. Shared by users' kernels and by extension crates
 //! (the public [`AnyArray`]).
 
-use super::import::{exchanged, import, python_scalar, type_name, Exchanged, Use};
+use super::import::{
+    exchanged, import, python_scalar, type_name, typed_numpy_scalar, Exchanged, Use,
+};
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cuda::stream::{Stream, LEGACY};
@@ -63,24 +65,49 @@ pub fn refuse_autograd_write(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()>
     Ok(())
 }
 
-/// Imports `objs` (`None` entries stay `None`) for one kernel: scalars as values, everything
-/// else as arrays without copying. `written[k]` marks objects the kernel writes: those must be
-/// arrays, whose producer exported its own memory, and not tensors that require grad. 0-d host
-/// arrays that are not written (numpy scalars) become values of their dtype. `explicit` is the
-/// caller's `stream=`.
+/// How a kernel uses one operand.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read only: scalars and 0-d host arrays are values.
+    Read,
+    /// Written: must be an array.
+    Write,
+    /// A scalar is a value; an array may be written (a raw kernel's arguments).
+    Any,
+}
+
+/// Imports `objs` (`None` entries stay `None`) for one kernel: Python and numpy scalars as
+/// values, everything else as arrays without copying. Arrays that may be written (`access`)
+/// must be their producer's own memory and not tensors that require grad; 0-d host arrays that
+/// are only read become values of their dtype. `explicit` is the caller's `stream=`.
 pub fn import_operands(
     objs: &[Option<&Bound<'_, PyAny>>],
-    written: &[bool],
+    access: &[Access],
     explicit: Option<Stream>,
 ) -> PyResult<Operands> {
-    let scalars: Vec<Option<Scalar>> = objs
-        .iter()
-        .map(|o| o.map(python_scalar).transpose().map(Option::flatten))
-        .collect::<PyResult<_>>()?;
+    // Scalars first (Python's, then numpy's, read by value); the rest may come through the
+    // exchange table, which also names the producer's stream.
+    let mut values: Vec<Option<Operand>> = Vec::with_capacity(objs.len());
+    for (k, obj) in objs.iter().enumerate() {
+        let value = match obj {
+            None => None,
+            Some(o) => match python_scalar(o)? {
+                Some(v) => Some(Operand::Value(v, None)),
+                None => typed_numpy_scalar(o)?.map(|(v, d)| Operand::Value(v, Some(d))),
+            },
+        };
+        if let (Some(_), Access::Write, Some(o)) = (&value, access[k], obj) {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "a kernel output must be an array, not {}",
+                type_name(o)
+            )));
+        }
+        values.push(value);
+    }
     let mut exchanges: Vec<Option<Exchanged>> = objs
         .iter()
-        .zip(&scalars)
-        .map(|(o, s)| match (o, s) {
+        .zip(&values)
+        .map(|(o, v)| match (o, v) {
             (Some(o), None) => exchanged(o),
             _ => None,
         })
@@ -97,35 +124,35 @@ pub fn import_operands(
         })
         .collect();
     let mut items = Vec::with_capacity(objs.len());
-    for (k, obj) in objs.iter().enumerate() {
+    for (k, (obj, value)) in objs.iter().zip(values).enumerate() {
         let Some(obj) = obj else {
             items.push(None);
             continue;
         };
-        if let Some(v) = scalars[k] {
-            if written[k] {
-                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                    "a kernel output must be an array, not {}",
-                    type_name(obj)
-                )));
-            }
-            items.push(Some(Operand::Value(v, None)));
+        if value.is_some() {
+            items.push(value);
             continue;
         }
+        let written = access[k] != Access::Read;
         let imported = match exchanges[k].take() {
-            Some(e) => e.imported,
+            Some(e) => {
+                // The table skips the refusal that torch's __dlpack__ makes.
+                if written {
+                    refuse_autograd_write(obj, "an output")?;
+                }
+                e.imported
+            }
             None => import(obj, stream, Use::Immediate)?,
         };
         let array = imported.array;
-        if written[k] {
-            if imported.copied {
-                return Err(Error::invalid(
-                    "an output's producer exported a copy, so writes would not reach it",
-                )
-                .into());
-            }
-            refuse_autograd_write(obj, "an output")?;
-        } else if array.ndim() == 0 && array.device().is_host_accessible() {
+        if written && imported.copied {
+            return Err(Error::invalid(
+                "an output's producer exported a copy, so writes would not reach it",
+            )
+            .into());
+        }
+        if !written && array.ndim() == 0 && array.device().is_host_accessible() {
+            // A 0-d host array (a 0-d numpy array, a CPU scalar tensor) is a value.
             // SAFETY: a 0-d host-accessible array has one valid element at its data pointer.
             let v = unsafe { crate::cpu::copy::read_scalar(array.dtype(), array.data_ptr(), 0) };
             items.push(Some(Operand::Value(v, Some(array.dtype()))));

@@ -164,7 +164,6 @@ impl ElementwiseKernel {
             Some(a) => a.device(),
             None => crate::cuda::current_device()?,
         };
-        crate::cuda::require(device)?;
         for (k, a) in arrays.iter().enumerate() {
             let Some(a) = a else { continue };
             if !matches!(a.device(), Device::Cuda(_)) || a.device() != device {

@@ -184,7 +184,7 @@ impl Spec {
     /// silent casts).
     pub fn bind(&self, given: &[Option<DType>], python: &[Option<DType>]) -> Result<Vec<DType>> {
         let params: Vec<&Param> = self.params().collect();
-        let mut bound: Vec<(String, DType)> = Vec::new();
+        let mut bound: Vec<(&str, DType)> = Vec::new();
         for (p, d) in params.iter().zip(given) {
             let (Type::Generic(t), Some(d)) = (&p.ty, d) else {
                 continue;
@@ -198,13 +198,13 @@ impl Spec {
                     })
                 }
                 Some(_) => {}
-                None => bound.push((t.clone(), *d)),
+                None => bound.push((t, *d)),
             }
         }
         for (p, d) in params.iter().zip(python) {
             if let (Type::Generic(t), Some(d)) = (&p.ty, d) {
                 if !bound.iter().any(|(n, _)| n == t) {
-                    bound.push((t.clone(), *d));
+                    bound.push((t, *d));
                 }
             }
         }
