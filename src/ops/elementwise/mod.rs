@@ -35,7 +35,7 @@ pub enum Arg {
 /// The loaded kernels of one signature on one device, and the vector kernel's width.
 #[derive(Clone, Copy)]
 struct Compiled {
-    functions: [usize; 4],
+    functions: [usize; 5],
     width: usize,
 }
 
@@ -332,7 +332,7 @@ impl ElementwiseKernel {
             p.push(n as i64);
             p.push(g);
             let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
-            let f = compiled.functions[if narrow { 2 } else { 3 }];
+            let f = compiled.functions[if narrow { 3 } else { 4 }];
             (f, blocks)
         };
         let mut pointers = p.pointers();
@@ -377,7 +377,7 @@ impl ElementwiseKernel {
         let program = source::program(&self.spec, &key.1, &self.reads);
         let f = kernels::program(ordinal, &program)?;
         let compiled = Compiled {
-            functions: [f[0], f[1], f[2], f[3]],
+            functions: [f[0], f[1], f[2], f[3], f[4]],
             width: source::vector_width(&key.1),
         };
         self.compiled

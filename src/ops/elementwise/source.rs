@@ -1,6 +1,6 @@
 //! The CUDA C++ of a user's elementwise kernel for one call signature: the operation as a device
-//! function, called by four kernels (contiguous, vectorized, and strided in 32- and 64-bit
-//! indexing), which the host chooses between per call.
+//! function, called by five kernels (contiguous; vectorized and strided, each in 32- and
+//! 64-bit indexing), which the host chooses between per call.
 
 use super::spec::Spec;
 use crate::cuda::kernels::Program;
@@ -33,7 +33,13 @@ pub struct Signature {
 }
 
 /// The kernels of a program, in [`Program::functions`] order.
-pub const FUNCTIONS: [&str; 4] = ["contiguous", "vector", "strided32", "strided64"];
+pub const FUNCTIONS: [&str; 5] = [
+    "contiguous",
+    "vector32",
+    "vector64",
+    "strided32",
+    "strided64",
+];
 
 /// The C++ type that stores a dtype in users' kernels (complex types with arithmetic).
 pub fn c_type(d: DType) -> &'static str {
@@ -152,7 +158,7 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
     let _ = write!(
         v,
         "#pragma unroll\nfor (int u = 0; u < {UNROLL}; ++u) {{\n\
-         const long long k = base + u * (long long)blockDim.x + threadIdx.x;\nif (k < packs) {{\n"
+         const I k = base + u * (I)blockDim.x + threadIdx.x;\nif (k < packs) {{\n"
     );
     for &k in elements.iter().filter(|&&k| loaded(k)) {
         let _ = writeln!(
@@ -164,8 +170,8 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
     let _ = write!(
         v,
         "}}\n}}\n#pragma unroll\nfor (int u = 0; u < {UNROLL}; ++u) {{\n\
-         const long long k = base + u * (long long)blockDim.x + threadIdx.x;\nif (k < packs) {{\n\
-         #pragma unroll\nfor (int e = 0; e < {width}; ++e) cb_op(k * {width} + e, ind, {});\n",
+         const I k = base + u * (I)blockDim.x + threadIdx.x;\nif (k < packs) {{\n\
+         #pragma unroll\nfor (int e = 0; e < {width}; ++e) cb_op((long long)k * {width} + e, ind, {});\n",
         args(&|k| format!("v{k}[u].v[e]"))
     );
     for &k in elements.iter().filter(|&&k| k >= nin) {
@@ -176,19 +182,30 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
         );
     }
     v.push_str("}\n}\n");
+    // In index type I: unsigned int where the packs fit (cheaper arithmetic), else long long.
+    let names: Vec<String> = (0..params.len()).map(|k| format!("p{k}")).collect();
     let _ = write!(
         src,
-        "extern \"C\" __global__ void {name}_vector({}) {{\n\
+        "template <typename I>\n__device__ __forceinline__ void {name}_vector({}) {{\n\
          const CbInd ind{{n}};\n\
-         const long long packs = n / {width};\n\
-         const long long chunk = (long long)blockDim.x * {UNROLL};\n\
-         for (long long base = (long long)blockIdx.x * chunk; base < packs; \
-         base += (long long)gridDim.x * chunk) {{\n{v}}}\n\
+         const I packs = (I)(n / {width});\n\
+         const I chunk = (I)blockDim.x * {UNROLL};\n\
+         for (I base = (I)blockIdx.x * chunk; base < packs; base += (I)gridDim.x * chunk) {{\n\
+         {v}}}\n\
          if (blockIdx.x == 0) {{\n\
-         const long long i = packs * {width} + threadIdx.x;\n\
+         const long long i = (long long)packs * {width} + threadIdx.x;\n\
          if (i < n) cb_op(i, ind, {flat_args});\n}}\n}}\n",
         kernel_params(false)
     );
+    for (bits, index) in [(32, "unsigned int"), (64, "long long")] {
+        let _ = write!(
+            src,
+            "extern \"C\" __global__ void {name}_vector{bits}({}) {{\n\
+             {name}_vector<{index}>({}, n);\n}}\n",
+            kernel_params(false),
+            names.join(", ")
+        );
+    }
 
     // Strided: any strides over up to CB_MAX_DIMS coalesced dimensions, in index type I.
     let mut offsets = String::new();
@@ -197,7 +214,6 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
         let _ = writeln!(offsets, "I o{k} = 0;");
         let _ = writeln!(steps, "o{k} += idx * (I)p{k}.s[d];");
     }
-    let names: Vec<String> = (0..params.len()).map(|k| format!("p{k}")).collect();
     let _ = write!(
         src,
         "template <typename I>\n__device__ __forceinline__ void {name}_strided({}) {{\n\
@@ -233,7 +249,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn generates_one_operation_and_four_kernels() {
+    fn generates_one_operation_and_five_kernels() {
         let spec = Spec::new(
             "T x, raw T w, float32 a",
             "T z",
@@ -266,7 +282,8 @@ mod tests {
             p.functions,
             vec![
                 "axpy_contiguous",
-                "axpy_vector",
+                "axpy_vector32",
+                "axpy_vector64",
                 "axpy_strided32",
                 "axpy_strided64"
             ]
