@@ -558,21 +558,33 @@ fn infer_dtype(values: &[Scalar]) -> Result<DType, Error> {
 /// dtypes cubridge does not have.
 pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DType)>> {
     let py = obj.py();
-    let ty = obj.get_type();
-    let from_numpy = ty
-        .module()
-        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"));
-    if !from_numpy
-        || ty
-            .name()
-            .is_ok_and(|n| n.to_str().is_ok_and(|n| n == "ndarray"))
-    {
+    // numpy.generic, once numpy is loaded (without numpy there are no numpy scalars): one
+    // isinstance test for every other object.
+    static GENERIC: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
+    let generic = match GENERIC.get(py) {
+        Some(g) => g,
+        None => {
+            let loaded = py
+                .import("sys")?
+                .getattr("modules")?
+                .contains(pyo3::intern!(py, "numpy"))?;
+            if !loaded {
+                return Ok(None);
+            }
+            let g = py
+                .import("numpy")?
+                .getattr("generic")?
+                .cast_into::<pyo3::types::PyType>()?;
+            GENERIC.get_or_init(py, || g.unbind())
+        }
+    };
+    if !obj.is_instance(generic.bind(py))? {
         return Ok(None);
     }
-    let Ok(dtype) = obj.getattr(pyo3::intern!(py, "dtype")) else {
-        return Ok(None);
-    };
-    let name: String = dtype.getattr(pyo3::intern!(py, "name"))?.extract()?;
+    let name: String = obj
+        .getattr(pyo3::intern!(py, "dtype"))?
+        .getattr(pyo3::intern!(py, "name"))?
+        .extract()?;
     let Ok(dtype) = DType::from_name(&name) else {
         return Ok(None);
     };

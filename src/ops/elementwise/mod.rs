@@ -45,6 +45,9 @@ pub struct ElementwiseKernel {
     /// Per output: whether the operation may read it before writing it.
     reads: Vec<bool>,
     compiled: Mutex<HashMap<(u32, Signature), Compiled>>,
+    /// The signature of the last call and its kernels: a repeated call finds them without
+    /// building a key.
+    last: Mutex<Option<(u32, Signature, Compiled)>>,
 }
 
 /// One element of any dtype as a kernel parameter (16 bytes hold the widest, complex128).
@@ -70,6 +73,7 @@ impl ElementwiseKernel {
             spec,
             reads,
             compiled: Mutex::new(HashMap::new()),
+            last: Mutex::new(None),
         })
     }
 
@@ -231,11 +235,7 @@ impl ElementwiseKernel {
         let launch = Launch::begin(device, stream)?;
         let ordinal = launch.ordinal();
         // Compiled before anything is allocated: a compile error leaves nothing behind.
-        let sig = Signature {
-            dtypes: dtypes.clone(),
-            roles: roles.clone(),
-        };
-        let compiled = self.functions(ordinal, sig)?;
+        let compiled = self.functions(ordinal, &dtypes, &roles)?;
         let mut outs = Vec::with_capacity(nout);
         for (j, out) in outputs.iter().enumerate() {
             outs.push(match out {
@@ -363,27 +363,46 @@ impl ElementwiseKernel {
         Ok(outs)
     }
 
-    /// The kernels of `sig` on `ordinal`, compiled on first use.
-    fn functions(&self, ordinal: u32, sig: Signature) -> Result<Compiled> {
-        let key = (ordinal, sig);
-        if let Some(&c) = self
+    /// The kernels of a signature on `ordinal`, compiled on first use.
+    fn functions(&self, ordinal: u32, dtypes: &[DType], roles: &[Role]) -> Result<Compiled> {
+        {
+            let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((o, sig, c)) = last.as_ref() {
+                if *o == ordinal && sig.dtypes == dtypes && sig.roles == roles {
+                    return Ok(*c);
+                }
+            }
+        }
+        let key = (
+            ordinal,
+            Signature {
+                dtypes: dtypes.to_vec(),
+                roles: roles.to_vec(),
+            },
+        );
+        let found = self
             .compiled
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
-        {
-            return Ok(c);
-        }
-        let program = source::program(&self.spec, &key.1, &self.reads);
-        let f = kernels::program(ordinal, &program)?;
-        let compiled = Compiled {
-            functions: [f[0], f[1], f[2], f[3], f[4]],
-            width: source::vector_width(&key.1),
+            .copied();
+        let compiled = match found {
+            Some(c) => c,
+            None => {
+                let program = source::program(&self.spec, &key.1, &self.reads);
+                let f = kernels::program(ordinal, &program)?;
+                let compiled = Compiled {
+                    functions: [f[0], f[1], f[2], f[3], f[4]],
+                    width: source::vector_width(&key.1),
+                };
+                self.compiled
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone(), compiled);
+                compiled
+            }
         };
-        self.compiled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, compiled);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((key.0, key.1, compiled));
         Ok(compiled)
     }
 }
