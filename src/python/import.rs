@@ -581,11 +581,11 @@ pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DT
     if !obj.is_instance(generic.bind(py))? {
         return Ok(None);
     }
-    let name: String = obj
+    // The typestr ('<f4'): numpy computes `dtype.name` in Python, `dtype.str` in C.
+    let typestr = obj
         .getattr(pyo3::intern!(py, "dtype"))?
-        .getattr(pyo3::intern!(py, "name"))?
-        .extract()?;
-    let Ok(dtype) = DType::from_name(&name) else {
+        .getattr(pyo3::intern!(py, "str"))?;
+    let Ok(dtype) = DType::from_typestr(typestr.cast::<pyo3::types::PyString>()?.to_str()?) else {
         return Ok(None);
     };
     let value = python_scalar(&obj.call_method0(pyo3::intern!(py, "item"))?)?;
