@@ -212,6 +212,26 @@ def _read_after(lib, got, ref):
     return host
 
 
+def _sum_operands(cell, layouts_group):
+    """The bases of x and y (what producers make) and their numpy views (the reference): in
+    the given layout for the layouts group, 2^16 elements for the stream cells, else (3, 4) and
+    a broadcast (4,)."""
+    if cell.group == layouts_group:
+        bx = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=1)
+        by = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=2)
+        return bx, by, m.numpy_layout(bx, cell.layout), m.numpy_layout(by, cell.layout)
+    shapes = [(1 << 16,), (1 << 16,)] if cell.group == "kernel-streams" else [(3, 4), (4,)]
+    bx = m.reference_base(cell.dtype, shapes[0], seed=1)
+    by = m.reference_base(cell.dtype, shapes[1], seed=2)
+    return bx, by, bx, by
+
+
+def _expected_sum(rx, ry):
+    if rx.dtype.name in ("bfloat16", "float16"):
+        return (rx.astype(np.float32) + ry.astype(np.float32)).astype(rx.dtype)
+    return np.add(rx, ry)
+
+
 @pytest.mark.parametrize("cell", _params("add"))
 def test_add(cell, request):
     """cubridge.add(x, y, out=z) with x, y and z each from its own producer: z is written in
@@ -221,17 +241,8 @@ def test_add(cell, request):
     if cell.dtype == "bfloat16" and m.ml_dtypes is None:
         pytest.skip("ml_dtypes is not installed")
     steps = Steps(cell, request)
-    if cell.group == "add-layouts":
-        bx = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=1)
-        by = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=2)
-        rx, ry = m.numpy_layout(bx, cell.layout), m.numpy_layout(by, cell.layout)
-    else:
-        bx = rx = m.reference_base(cell.dtype, (3, 4), seed=1)
-        by = ry = m.reference_base(cell.dtype, (4,), seed=2)
-    if cell.dtype in ("bfloat16", "float16"):
-        expected = (rx.astype(np.float32) + ry.astype(np.float32)).astype(rx.dtype)
-    else:
-        expected = np.add(rx, ry)
+    bx, by, rx, ry = _sum_operands(cell, "add-layouts")
+    expected = _expected_sum(rx, ry)
     layout = cell.layout if cell.group == "add-layouts" else "contiguous"
     x = steps.run(px, "producer", lambda: m.LIBS[px].view(m.LIBS[px].make(bx, cell.device), layout))
     y = steps.run(py, "producer", lambda: m.LIBS[py].view(m.LIBS[py].make(by, cell.device), layout))
@@ -263,12 +274,6 @@ RAW_TYPES = {
 }
 
 
-def _expected_sum(rx, ry):
-    if rx.dtype.name in ("bfloat16", "float16"):
-        return (rx.astype(np.float32) + ry.astype(np.float32)).astype(rx.dtype)
-    return np.add(rx, ry)
-
-
 @pytest.mark.parametrize("cell", _params("kernel"))
 def test_kernel(cell, request):
     """A user's ElementwiseKernel `z = x + y` with x, y and out each from its own producer: out is
@@ -280,16 +285,7 @@ def test_kernel(cell, request):
     if cell.dtype == "bfloat16" and m.ml_dtypes is None:
         pytest.skip("ml_dtypes is not installed")
     steps = Steps(cell, request)
-    if cell.group == "kernel-layouts":
-        bx = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=1)
-        by = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=2)
-        rx, ry = m.numpy_layout(bx, cell.layout), m.numpy_layout(by, cell.layout)
-    elif cell.group == "kernel-streams":
-        bx = rx = m.reference_base(cell.dtype, (1 << 16,), seed=1)
-        by = ry = m.reference_base(cell.dtype, (1 << 16,), seed=2)
-    else:
-        bx = rx = m.reference_base(cell.dtype, (3, 4), seed=1)
-        by = ry = m.reference_base(cell.dtype, (4,), seed=2)
+    bx, by, rx, ry = _sum_operands(cell, "kernel-layouts")
     expected = _expected_sum(rx, ry)
     layout = cell.layout if cell.group == "kernel-layouts" else "contiguous"
     X, Y = m.LIBS[px], m.LIBS[py]
