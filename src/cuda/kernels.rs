@@ -1,5 +1,6 @@
-//! The elementwise kernels of `kernels/elementwise.cu`, instantiated per dtype and device,
-//! compiled on first use and cached in memory (and, by [`super::nvrtc`], on disk).
+//! cubridge's own kernels (`kernels/`: a common header, and the flat, tiled and gather
+//! sources), instantiated per dtype and device, compiled on first use and cached in memory
+//! (and, by [`super::nvrtc`], on disk); and programs given as source (users' kernels).
 
 use super::{check, context, nvrtc};
 use crate::dtype::DType;
@@ -9,7 +10,14 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Mutex;
 
-const SOURCE: &str = include_str!("../../kernels/elementwise.cu");
+/// What every module of cubridge's own starts with.
+const COMMON: &str = include_str!("../../kernels/common.cuh");
+/// add's contiguous, vector and strided kernels.
+const FLAT: &str = include_str!("../../kernels/elementwise.cu");
+/// add's tiled kernel.
+const TILED: &str = include_str!("../../kernels/tiled.cu");
+/// The strided gather of device-side copies.
+const GATHER: &str = include_str!("../../kernels/gather.cu");
 
 /// Packs each thread of the vector kernel moves per step (`CB_UNROLL`).
 pub const UNROLL: usize = 4;
@@ -203,11 +211,11 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     Ok(found)
 }
 
-/// A program of cubridge's own: the kernel source with `wrappers` appended.
-fn own(name: String, wrappers: String, functions: &[&str]) -> Program {
+/// A program of cubridge's own: the common header, one kernel source `part`, and `wrappers`.
+fn own(name: String, part: &str, wrappers: String, functions: &[&str]) -> Program {
     Program {
         name,
-        source: format!("{SOURCE}\n{wrappers}"),
+        source: format!("{COMMON}\n{part}\n{wrappers}"),
         options: Vec::new(),
         functions: functions.iter().map(|f| f.to_string()).collect(),
     }
@@ -309,79 +317,87 @@ fn pairs(dtypes: [DType; 3]) -> bool {
 /// Compiles (once) and finds one part of the add kernels in one index width.
 fn add_module(
     ordinal: u32,
-    [a, b, r]: [DType; 3],
+    dtypes: [DType; 3],
     second: Second,
     part: AddPart,
     index: Index,
 ) -> Result<&'static [usize]> {
-    functions(ordinal, Module::Add([a, b, r], second, part, index), || {
-        let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
-        let width = vector_width(a, b, r);
-        let (b_param, b_arg, b_type) = match second {
-            Second::Array => (
-                format!("const {tb}* b"),
-                format!("Dense<{tb}>{{b}}"),
-                format!("Dense<{tb}>"),
-            ),
-            Second::Value => (
-                format!("Splat<{tb}> b"),
-                "b".to_string(),
-                format!("Splat<{tb}>"),
-            ),
-        };
-        // The tiled kernel keeps four blocks per SM (at most 64 registers a thread): its loads
-        // in flight, not its arithmetic, set its speed. Its 64-bit addresses need more
-        // registers, so the 64-bit variant keeps three (80 registers: no spills).
-        let (suffix, unsigned, signed, tiled_blocks) = match index {
-            Index::I32 => ("32", "unsigned int", "int", 4),
-            Index::I64 => ("64", "long long", "long long", 3),
-        };
-        let (wrappers, names): (String, &[&str]) = match part {
-            AddPart::Flat => (
-                format!(
-                    "extern \"C\" __global__ void cb_add_contiguous({tr}* o, const {ta}* a, \
-                     {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, {b_arg}, n); }}\n\
-                     extern \"C\" __global__ void cb_add_vector({tr}* o, const {ta}* a, \
-                     {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, {b_arg}, n); }}\n\
-                     extern \"C\" __global__ void cb_add_strided({tr}* o, const {ta}* a, \
-                     {b_param}, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, {b_arg}, n, g); }}\n"
-                ),
-                &["cb_add_contiguous", "cb_add_vector", "cb_add_strided"],
-            ),
-            AddPart::Tiled => (
-                format!(
-                    "extern \"C\" __global__ void __launch_bounds__(256, {tiled_blocks}) \
-                     cb_add_tiled({tr}* o, const {ta}* a, {b_param}, {signed} rows, {signed} cols, \
-                     Geometry g, int tile) {{ add_tiled<{ta}, {tb}, {tr}, {signed}, {b_type}, {}>\
-                     (o, a, {b_arg}, rows, cols, g, tile); }}\n",
-                    pairs([a, b, r])
-                ),
-                &["cb_add_tiled"],
-            ),
-        };
-        let part = match part {
-            AddPart::Flat => "",
-            AddPart::Tiled => "_tiled",
-        };
-        let key = match second {
-            Second::Array => format!("add_{a}_{b}_{r}{part}_{suffix}"),
-            Second::Value => format!("add_scalar_{a}{part}_{suffix}"),
-        };
-        own(key, wrappers, names)
+    functions(ordinal, Module::Add(dtypes, second, part, index), || {
+        add_program(dtypes, second, part, index)
     })
+}
+
+/// The program of one part of the add kernels for one dtype triple and index width.
+fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Index) -> Program {
+    let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
+    let width = vector_width(a, b, r);
+    let (b_param, b_arg, b_type) = match second {
+        Second::Array => (
+            format!("const {tb}* b"),
+            format!("Dense<{tb}>{{b}}"),
+            format!("Dense<{tb}>"),
+        ),
+        Second::Value => (
+            format!("Splat<{tb}> b"),
+            "b".to_string(),
+            format!("Splat<{tb}>"),
+        ),
+    };
+    // The tiled kernel keeps four blocks per SM (at most 64 registers a thread): its loads
+    // in flight, not its arithmetic, set its speed. Its 64-bit addresses need more
+    // registers, so the 64-bit variant keeps three (80 registers: no spills).
+    let (suffix, unsigned, signed, tiled_blocks) = match index {
+        Index::I32 => ("32", "unsigned int", "int", 4),
+        Index::I64 => ("64", "long long", "long long", 3),
+    };
+    let (wrappers, names): (String, &[&str]) = match part {
+        AddPart::Flat => (
+            format!(
+                "extern \"C\" __global__ void cb_add_contiguous({tr}* o, const {ta}* a, \
+                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, {b_arg}, n); }}\n\
+                 extern \"C\" __global__ void cb_add_vector({tr}* o, const {ta}* a, \
+                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, {b_arg}, n); }}\n\
+                 extern \"C\" __global__ void cb_add_strided({tr}* o, const {ta}* a, \
+                 {b_param}, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, {b_arg}, n, g); }}\n"
+            ),
+            &["cb_add_contiguous", "cb_add_vector", "cb_add_strided"],
+        ),
+        AddPart::Tiled => (
+            format!(
+                "extern \"C\" __global__ void __launch_bounds__(256, {tiled_blocks}) \
+                 cb_add_tiled({tr}* o, const {ta}* a, {b_param}, {signed} rows, {signed} cols, \
+                 Geometry g, int tile) {{ add_tiled<{ta}, {tb}, {tr}, {signed}, {b_type}, {}>\
+                 (o, a, {b_arg}, rows, cols, g, tile); }}\n",
+                pairs([a, b, r])
+            ),
+            &["cb_add_tiled"],
+        ),
+    };
+    let (source, label) = match part {
+        AddPart::Flat => (FLAT, ""),
+        AddPart::Tiled => (TILED, "_tiled"),
+    };
+    let key = match second {
+        Second::Array => format!("add_{a}_{b}_{r}{label}_{suffix}"),
+        Second::Value => format!("add_scalar_{a}{label}_{suffix}"),
+    };
+    own(key, source, wrappers, names)
 }
 
 /// The strided gather kernel for `dtype` on `ordinal`.
 pub fn gather(ordinal: u32, dtype: DType) -> Result<sys::CUfunction> {
-    let f = functions(ordinal, Module::Gather(dtype), || {
-        let t = c_type(dtype);
-        let wrappers = format!(
-            "extern \"C\" __global__ void cb_gather({t}* o, const {t}* s, long long n, \
-             Geometry g) {{ gather<{t}>(o, s, n, g); }}\n"
-        );
-        own(format!("gather_{dtype}"), wrappers, &["cb_gather"])
-    })?;
+    let f = functions(ordinal, Module::Gather(dtype), || gather_program(dtype))?;
     Ok(f[0] as sys::CUfunction)
+}
+
+/// The program of the gather kernel for `dtype`.
+fn gather_program(dtype: DType) -> Program {
+    let t = c_type(dtype);
+    let wrappers = format!(
+        "extern \"C\" __global__ void cb_gather({t}* o, const {t}* s, long long n, \
+         Geometry g) {{ gather<{t}>(o, s, n, g); }}\n"
+    );
+    own(format!("gather_{dtype}"), GATHER, wrappers, &["cb_gather"])
 }
 
 /// Resident threads per SM the grid-stride kernels aim for (full occupancy on recent GPUs).
@@ -416,5 +432,50 @@ impl Geometry {
             }
         }
         Ok(g)
+    }
+}
+
+/// Compiles cubridge's own programs with NVRTC when `CUBRIDGE_TEST_NVRTC_DIR` names a folder
+/// holding libnvrtc (no GPU needed): add's flat and tiled parts for every dtype with itself and
+/// the common promotions, in both index widths and with a scalar second input, and the gather
+/// of every dtype. Skipped (with a note) otherwise.
+#[cfg(test)]
+mod compile_tests {
+    use super::*;
+
+    #[test]
+    fn own_programs_compile() {
+        let Some(dir) = std::env::var_os("CUBRIDGE_TEST_NVRTC_DIR") else {
+            eprintln!("CUBRIDGE_TEST_NVRTC_DIR is not set: cubridge's kernels not compiled");
+            return;
+        };
+        nvrtc::add_search_dirs([std::path::PathBuf::from(dir)]);
+        let mut triples: Vec<[DType; 3]> = DType::ALL.iter().map(|&d| [d, d, d]).collect();
+        for (a, b) in [
+            (DType::Float16, DType::Float32),
+            (DType::BFloat16, DType::Float32),
+            (DType::Int8, DType::Int64),
+            (DType::Complex64, DType::Float64),
+        ] {
+            triples.push([a, b, DType::promote(a, b, "add").unwrap()]);
+        }
+        let mut programs = Vec::new();
+        for t in triples {
+            for part in [AddPart::Flat, AddPart::Tiled] {
+                for index in [Index::I32, Index::I64] {
+                    programs.push(add_program(t, Second::Array, part, index));
+                }
+            }
+            if t[0] == t[1] {
+                programs.push(add_program(t, Second::Value, AddPart::Flat, Index::I32));
+            }
+        }
+        programs.extend(DType::ALL.iter().map(|&d| gather_program(d)));
+        for p in programs {
+            let name = format!("test_{}_{}", p.name, std::process::id());
+            if let Err(e) = nvrtc::compile(&p.source, &name, 80, &p.options) {
+                panic!("{}: {e}", p.name);
+            }
+        }
     }
 }

@@ -1,0 +1,123 @@
+// What every kernel of cubridge's own shares, compiled at run time by NVRTC: the element types,
+// the exact widening conversions and the addition of each dtype, the strided geometry, packs of
+// elements for aligned accesses, and the two ways add takes its second input. Each module is
+// this header, one kernel source (elementwise.cu, tiled.cu, gather.cu) and the `extern "C"`
+// wrappers the host appends per dtype (src/cuda/kernels.rs).
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#define CB_MAX_DIMS 8
+
+struct c64 { float re, im; };
+struct c128 { double re, im; };
+
+// Exact widening conversions that promotion asks for (inputs into the result type).
+template <typename R, typename T> struct Cvt {
+    __device__ static R run(T x) { return static_cast<R>(x); }
+};
+template <> struct Cvt<float, __half> {
+    __device__ static float run(__half x) { return __half2float(x); }
+};
+template <> struct Cvt<double, __half> {
+    __device__ static double run(__half x) { return (double)__half2float(x); }
+};
+template <> struct Cvt<float, __nv_bfloat16> {
+    __device__ static float run(__nv_bfloat16 x) { return __bfloat162float(x); }
+};
+template <> struct Cvt<double, __nv_bfloat16> {
+    __device__ static double run(__nv_bfloat16 x) { return (double)__bfloat162float(x); }
+};
+template <> struct Cvt<__half, __half> {
+    __device__ static __half run(__half x) { return x; }
+};
+template <> struct Cvt<__nv_bfloat16, __nv_bfloat16> {
+    __device__ static __nv_bfloat16 run(__nv_bfloat16 x) { return x; }
+};
+template <typename T> struct Cvt<c64, T> {
+    __device__ static c64 run(T x) { return c64{Cvt<float, T>::run(x), 0.0f}; }
+};
+template <> struct Cvt<c64, c64> {
+    __device__ static c64 run(c64 x) { return x; }
+};
+template <typename T> struct Cvt<c128, T> {
+    __device__ static c128 run(T x) { return c128{Cvt<double, T>::run(x), 0.0}; }
+};
+template <> struct Cvt<c128, c64> {
+    __device__ static c128 run(c64 x) { return c128{(double)x.re, (double)x.im}; }
+};
+template <> struct Cvt<c128, c128> {
+    __device__ static c128 run(c128 x) { return x; }
+};
+
+// Addition in the result type: logical or for bool, wrapping for integers (through the unsigned
+// type, which C++ defines), IEEE for floats; float16 and bfloat16 add in float32 and round once.
+template <typename R> struct Add {
+    __device__ static R run(R a, R b) { return a + b; }
+};
+template <> struct Add<bool> {
+    __device__ static bool run(bool a, bool b) { return a || b; }
+};
+#define CB_WRAPPING_ADD(T, U) \
+    template <> struct Add<T> { \
+        __device__ static T run(T a, T b) { return (T)((U)a + (U)b); } \
+    };
+CB_WRAPPING_ADD(signed char, unsigned char)
+CB_WRAPPING_ADD(short, unsigned short)
+CB_WRAPPING_ADD(int, unsigned int)
+CB_WRAPPING_ADD(long long, unsigned long long)
+template <> struct Add<__half> {
+    __device__ static __half run(__half a, __half b) {
+        return __float2half_rn(__half2float(a) + __half2float(b));
+    }
+};
+template <> struct Add<__nv_bfloat16> {
+    __device__ static __nv_bfloat16 run(__nv_bfloat16 a, __nv_bfloat16 b) {
+        return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
+    }
+};
+template <> struct Add<c64> {
+    __device__ static c64 run(c64 a, c64 b) { return c64{a.re + b.re, a.im + b.im}; }
+};
+template <> struct Add<c128> {
+    __device__ static c128 run(c128 a, c128 b) { return c128{a.re + b.re, a.im + b.im}; }
+};
+
+// Shape and element strides of the coalesced loop nest, innermost last; stride[k] is operand k's.
+struct Geometry {
+    long long shape[CB_MAX_DIMS];
+    long long stride[3][CB_MAX_DIMS];
+    int ndim;
+};
+
+template <typename A, typename B, typename R>
+__device__ __forceinline__ R add_one(A x, B y) {
+    return Add<R>::run(Cvt<R, A>::run(x), Cvt<R, B>::run(y));
+}
+
+// V consecutive elements moved as one aligned access (16 bytes for the widest operand).
+template <typename T, int V> struct alignas(sizeof(T) * V) Pack {
+    T v[V];
+};
+
+// The second input of add: an array in memory (Dense), or one value for every element (Splat:
+// a Python scalar, passed by value among the kernel parameters, so nothing is uploaded).
+template <typename T> struct Dense {
+    static constexpr bool dense = true;
+    const T* p;
+    template <typename I> __device__ __forceinline__ T at(I i) const { return p[i]; }
+    template <int V, typename I> __device__ __forceinline__ Pack<T, V> pack(I i) const {
+        return reinterpret_cast<const Pack<T, V>*>(p)[i];
+    }
+};
+template <typename T> struct Splat {
+    static constexpr bool dense = false;
+    T v;
+    template <typename I> __device__ __forceinline__ T at(I) const { return v; }
+    template <int V, typename I> __device__ __forceinline__ Pack<T, V> pack(I) const {
+        Pack<T, V> r;
+#pragma unroll
+        for (int k = 0; k < V; ++k) r.v[k] = v;
+        return r;
+    }
+};
