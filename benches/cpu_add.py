@@ -1,7 +1,10 @@
-"""CPU add benchmark: cubridge.add(a, b, out=c) against numpy.add(a, b, out=c) on the same
-preallocated float32 arrays, in one run. Prints the median time of each and the ratio.
+"""CPU add benchmark (`make bench`): cubridge.add(a, b, out=c) against numpy.add(a, b, out=c) on
+the same preallocated arrays, for float32, float64, int32 and float16 at 2^10 to 2^26 elements.
+Each size runs both calls in interleaved rounds (the median of 7 rounds of many calls each), so
+that load from elsewhere on the machine falls on both alike; the ratio is numpy's time over
+cubridge's (above 1: cubridge is faster).
 
-    python benches/cpu_add.py [--log2n 24] [--repeat 30]
+    python benches/cpu_add.py [--dtypes float32,float64,int32,float16] [--max-log2n 26]
 """
 
 import argparse
@@ -14,37 +17,46 @@ import cubridge as cb
 import numpy as np
 
 
-def median_seconds(fn, repeat):
-    fn()  # warm up (page faults, thread start-up)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def interleaved(fns, calls, rounds=7):
+    for fn in fns.values():
+        for _ in range(min(calls, 50)):
+            fn()
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[k].append((time.perf_counter() - t0) / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def calls_on(a, b, c):
+    return {"numpy": lambda: np.add(a, b, out=c), "cubridge": lambda: cb.add(a, b, out=c)}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--log2n", type=int, default=24)
-    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--dtypes", default="float32,float64,int32,float16")
+    p.add_argument("--max-log2n", type=int, default=26)
     args = p.parse_args()
-    n = 1 << args.log2n
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(n, dtype=np.float32)
-    b = rng.standard_normal(n, dtype=np.float32)
-    c = np.empty_like(a)
-
-    t_np = median_seconds(lambda: np.add(a, b, out=c), args.repeat)
-    t_cb = median_seconds(lambda: cb.add(a, b, out=c), args.repeat)
-    np.testing.assert_array_equal(c, a + b)
-
-    gbs = lambda t: 3 * a.nbytes / t / 1e9  # noqa: E731 - two reads and a write
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; numpy {np.__version__}")
-    print(f"elements: 2^{args.log2n} float32, median of {args.repeat}")
-    print(f"numpy.add(out=)    {t_np * 1e3:8.3f} ms  {gbs(t_np):6.1f} GB/s")
-    print(f"cubridge.add(out=) {t_cb * 1e3:8.3f} ms  {gbs(t_cb):6.1f} GB/s")
-    print(f"speed ratio (numpy time / cubridge time): {t_np / t_cb:.2f}x")
+    print("add(a, b, out=c), interleaved medians; ratio = numpy time / cubridge time\n")
+    print(f"{'dtype':8} {'n':>5} {'numpy':>11} {'cubridge':>11} {'ratio':>7}")
+    for dtype in args.dtypes.split(","):
+        for k in range(10, args.max_log2n + 1, 2):
+            n = 1 << k
+            a = (np.arange(n) % 101).astype(dtype)
+            b = (np.arange(n) % 7).astype(dtype)
+            c = np.empty_like(a)
+            calls = max(3, min(20000, (1 << 27) // n))
+            t = interleaved(calls_on(a, b, c), calls)
+            np.testing.assert_array_equal(c, a + b)
+            print(
+                f"{dtype:8} 2^{k:<3} {t['numpy'] * 1e6:9.2f}us {t['cubridge'] * 1e6:9.2f}us "
+                f"{t['numpy'] / t['cubridge']:6.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
