@@ -82,23 +82,88 @@ where
         plan.strides[1][last],
         plan.strides[2][last],
     );
+    let wide = wide_vectors();
     parallel_ranges(total, |start, end| {
         for_each_run(plan, start, end, |[oo, oa, ob], len| {
-            // SAFETY: the walker yields offsets inside the plan; the caller vouched for the
-            // pointers over the whole plan, and parallel ranges write disjoint elements.
+            let (o, x, y) = (
+                // SAFETY: the walker yields offsets inside the plan; the caller vouched for
+                // the pointers over the whole plan.
+                unsafe { (out.get() as *mut R).offset(oo) },
+                // SAFETY: as above.
+                unsafe { (a.get() as *const A).offset(oa) },
+                // SAFETY: as above.
+                unsafe { (b.get() as *const B).offset(ob) },
+            );
+            // SAFETY: the run lies inside the plan, whose pointers the caller vouched for, and
+            // parallel ranges write disjoint elements; run_wide only where the CPU has AVX2.
             unsafe {
-                run::<A, B, R>(
-                    (out.get() as *mut R).offset(oo),
-                    (a.get() as *const A).offset(oa),
-                    (b.get() as *const B).offset(ob),
-                    len,
-                    so,
-                    sa,
-                    sb,
-                )
+                if wide {
+                    run_wide::<A, B, R>(o, x, y, len, so, sa, sb)
+                } else {
+                    run::<A, B, R>(o, x, y, len, so, sa, sb)
+                }
             }
         });
     });
+}
+
+/// Whether this CPU runs the loops compiled for AVX2 (x86-64 only; numpy dispatches the same
+/// way at run time). Decided once.
+fn wide_vectors() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *WIDE.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`run`] compiled for AVX2 (twice the lanes of the baseline's SSE2); elsewhere, `run` itself.
+///
+/// # Safety
+/// As [`run`], and the CPU supports AVX2 ([`wide_vectors`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn run_wide<A, B, R>(
+    o: *mut R,
+    a: *const A,
+    b: *const B,
+    len: usize,
+    so: isize,
+    sa: isize,
+    sb: isize,
+) where
+    A: Element + Widen<R>,
+    B: Element + Widen<R>,
+    R: AddElem,
+{
+    // SAFETY: the caller's contract.
+    unsafe { run::<A, B, R>(o, a, b, len, so, sa, sb) }
+}
+
+/// As the x86-64 `run_wide`, on other architectures: the baseline loop.
+///
+/// # Safety
+/// As [`run`].
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn run_wide<A, B, R>(
+    o: *mut R,
+    a: *const A,
+    b: *const B,
+    len: usize,
+    so: isize,
+    sa: isize,
+    sb: isize,
+) where
+    A: Element + Widen<R>,
+    B: Element + Widen<R>,
+    R: AddElem,
+{
+    // SAFETY: the caller's contract.
+    unsafe { run::<A, B, R>(o, a, b, len, so, sa, sb) }
 }
 
 type C64 = Complex<f32>;

@@ -9,7 +9,7 @@ use crate::layout::Coalesced;
 
 /// Below this many elements a job runs on the calling thread: starting threads would cost more
 /// than they save.
-pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 18;
+pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 20;
 
 /// A raw pointer that may cross threads. The kernels that use it write disjoint elements.
 #[derive(Clone, Copy)]

@@ -50,8 +50,21 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) ->
     if let Some(launch) = launch {
         return add_cuda(launch, &a_b, Second::Array(&b_b), out);
     }
-    let (order, strides) = order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
-    let plan = coalesce(&order, [&strides[0], &strides[1], &strides[2]]);
+    // All three C-contiguous over one shape (the common case) is one run; anything else is
+    // reordered and merged first.
+    let plan = if [&out, &*a_b, &*b_b]
+        .iter()
+        .all(|x| x.layout().is_contiguous())
+    {
+        Coalesced {
+            shape: vec![out.numel()],
+            strides: [vec![1], vec![1], vec![1]],
+        }
+    } else {
+        let (order, strides) =
+            order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
+        coalesce(&order, [&strides[0], &strides[1], &strides[2]])
+    };
     // SAFETY: all three arrays are host-accessible and their layouts were validated against
     // their buffers when they were made; `out` is writable (checked) and overlaps an input only
     // exactly (checked); dtypes are the promoted triple.

@@ -203,6 +203,9 @@ enum Second {
     Value(crate::cpu::element::Scalar),
 }
 
+/// Largest host add (elements of any operand) that runs without letting the GIL go.
+const HOST_GIL_ELEMENTS: usize = 1 << 14;
+
 /// `a + b` into a new array or into `out`; see the README for the rules.
 #[pyfunction]
 #[pyo3(signature = (a, b, /, *, out=None, stream=None))]
@@ -298,7 +301,7 @@ pub fn add(
         None => None,
     };
     let device = x.device();
-    let result = py.detach(|| -> crate::error::Result<Array> {
+    let run = || -> crate::error::Result<Array> {
         // The driver may wait on its own locks here: never with the GIL held.
         for &(producer, d) in &waits {
             if let (crate::Device::Cuda(n), true) = (d, d == device) {
@@ -311,7 +314,29 @@ pub fn add(
                 ops::add::add_scalar(&x, v, out_array.as_ref(), Some(kernel_stream))
             }
         }
-    })?;
+    };
+    // A small loop on host memory runs with the GIL held: letting it go and taking it back
+    // costs more than the loop (numpy keeps it for small arrays too). Everything else, CUDA
+    // work above all, runs without it.
+    let y_array = match &y {
+        Second::Array(y) => Some(y),
+        Second::Value(_) => None,
+    };
+    let operands = [Some(&x), y_array, out_array.as_ref()];
+    // The result's size: the broadcast of the inputs (equal shapes, the common case, need no
+    // broadcast).
+    let result_numel = match y_array {
+        Some(y) if y.shape() != x.shape() => crate::layout::broadcast_shapes(x.shape(), y.shape())
+            .and_then(|s| crate::layout::checked_numel(&s))
+            .unwrap_or(usize::MAX),
+        _ => x.numel(),
+    };
+    let small_host = result_numel <= HOST_GIL_ELEMENTS
+        && operands
+            .iter()
+            .flatten()
+            .all(|a| a.device().is_host_accessible());
+    let result = if small_host { run()? } else { py.detach(run)? };
     // Like numpy and torch, `out` itself is the result when given.
     Ok(match out {
         Some(o) => o.clone().unbind(),

@@ -132,14 +132,15 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
 
 /// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise).
 fn is_numpy_ndarray(obj: &Bound<'_, PyAny>) -> bool {
-    static NDARRAY: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> =
-        pyo3::sync::PyOnceLock::new();
+    static NDARRAY: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
     let py = obj.py();
     let ty = obj.get_type();
     if let Some(nd) = NDARRAY.get(py) {
         return ty.is(nd.bind(py));
     }
-    let is_ndarray = ty.name().is_ok_and(|n| n.to_str().is_ok_and(|n| n == "ndarray"))
+    let is_ndarray = ty
+        .name()
+        .is_ok_and(|n| n.to_str().is_ok_and(|n| n == "ndarray"))
         && ty
             .module()
             .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"));
