@@ -121,7 +121,7 @@ fn wide_vectors() -> bool {
     }
 }
 
-/// [`run`] compiled for AVX2 (twice the lanes of the baseline's SSE2); elsewhere, `run` itself.
+/// [`run`] compiled for AVX2 (twice the lanes of the baseline's SSE2).
 ///
 /// # Safety
 /// As [`run`], and the CPU supports AVX2 ([`wide_vectors`]).
@@ -144,27 +144,9 @@ unsafe fn run_wide<A, B, R>(
     unsafe { run::<A, B, R>(o, a, b, len, so, sa, sb) }
 }
 
-/// As the x86-64 `run_wide`, on other architectures: the baseline loop.
-///
-/// # Safety
-/// As [`run`].
+// Other architectures have one loop: the baseline's.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn run_wide<A, B, R>(
-    o: *mut R,
-    a: *const A,
-    b: *const B,
-    len: usize,
-    so: isize,
-    sa: isize,
-    sb: isize,
-) where
-    A: Element + Widen<R>,
-    B: Element + Widen<R>,
-    R: AddElem,
-{
-    // SAFETY: the caller's contract.
-    unsafe { run::<A, B, R>(o, a, b, len, so, sa, sb) }
-}
+use run as run_wide;
 
 type C64 = Complex<f32>;
 type C128 = Complex<f64>;

@@ -73,6 +73,38 @@ pub unsafe fn copy_cast(from: DType, to: DType, dst: SendPtr, src: SendPtr, plan
     });
 }
 
+/// One element of a dtype, held by value: a scalar kernel parameter (16 aligned bytes hold the
+/// widest element, complex128).
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+pub struct ElementBytes {
+    bytes: [u8; 16],
+    len: usize,
+}
+
+impl ElementBytes {
+    /// `value` converted to `dtype`, as [`fill`] writes it.
+    pub fn new(dtype: DType, value: Scalar) -> ElementBytes {
+        let mut e = ElementBytes {
+            bytes: [0; 16],
+            len: dtype.itemsize(),
+        };
+        // SAFETY: 16 writable bytes, aligned to 16, hold one element of any dtype.
+        unsafe { fill(dtype, e.bytes.as_mut_ptr(), 1, value) };
+        e
+    }
+
+    /// The element's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// A pointer to the element, for a kernel parameter list.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.bytes.as_mut_ptr()
+    }
+}
+
 /// Writes `value` (converted to `dtype`) into `n` contiguous elements at `dst`.
 ///
 /// # Safety
@@ -110,6 +142,21 @@ pub unsafe fn read_scalar(dtype: DType, base: *const u8, offset: isize) -> Scala
 mod tests {
     use super::*;
     use crate::layout::coalesce;
+
+    #[test]
+    fn element_bytes_hold_one_element_of_its_dtype() {
+        let e = ElementBytes::new(DType::Float32, Scalar::Float(1.5));
+        assert_eq!(e.as_bytes(), &1.5f32.to_le_bytes());
+        let e = ElementBytes::new(DType::Int16, Scalar::Int(-2));
+        assert_eq!(e.as_bytes(), &(-2i16).to_le_bytes());
+        let e = ElementBytes::new(DType::Complex128, Scalar::Complex(1.0, -1.0));
+        let want: Vec<u8> = [1.0f64.to_le_bytes(), (-1.0f64).to_le_bytes()].concat();
+        assert_eq!(e.as_bytes(), &want[..]);
+        assert_eq!(
+            ElementBytes::new(DType::Bool, Scalar::Bool(true)).as_bytes(),
+            &[1]
+        );
+    }
 
     #[test]
     fn cast_and_strided_copy() {

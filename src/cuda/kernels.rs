@@ -445,11 +445,9 @@ mod compile_tests {
 
     #[test]
     fn own_programs_compile() {
-        let Some(dir) = std::env::var_os("CUBRIDGE_TEST_NVRTC_DIR") else {
-            eprintln!("CUBRIDGE_TEST_NVRTC_DIR is not set: cubridge's kernels not compiled");
+        if !nvrtc::test_dir("cubridge's kernels") {
             return;
-        };
-        nvrtc::add_search_dirs([std::path::PathBuf::from(dir)]);
+        }
         let mut triples: Vec<[DType; 3]> = DType::ALL.iter().map(|&d| [d, d, d]).collect();
         for (a, b) in [
             (DType::Float16, DType::Float32),

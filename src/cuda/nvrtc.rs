@@ -199,6 +199,22 @@ fn with_source_lines(log: &str, file: &str, source: &str) -> String {
     out
 }
 
+/// For tests that compile with NVRTC without a GPU: adds `$CUBRIDGE_TEST_NVRTC_DIR` (a folder
+/// holding libnvrtc) to the search and says whether it was set; when not, notes the skip.
+#[cfg(test)]
+pub(crate) fn test_dir(what: &str) -> bool {
+    match std::env::var_os("CUBRIDGE_TEST_NVRTC_DIR") {
+        Some(dir) => {
+            add_search_dirs([PathBuf::from(dir)]);
+            true
+        }
+        None => {
+            eprintln!("CUBRIDGE_TEST_NVRTC_DIR is not set: {what} not compiled");
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -118,10 +118,6 @@ enum Second<'a> {
     Value(Scalar),
 }
 
-/// One element of a dtype as a kernel parameter (16 bytes hold the widest, complex128).
-#[repr(C, align(16))]
-struct ValueParam([u8; 16]);
-
 /// `x` seen with `shape` (borrowed when it has that shape already).
 fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
     Ok(if x.shape() == shape {
@@ -194,14 +190,13 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     };
     // A value has the result's dtype (add_scalar).
     let b_dtype = b_array.map_or(out.dtype(), |b| b.dtype());
-    let mut value = ValueParam([0; 16]);
-    let (second, mut pb) = match b {
-        Second::Array(b) => (kernels::Second::Array, b.data_ptr()),
-        Second::Value(v) => {
-            // SAFETY: 16 writable bytes hold one element of any dtype.
-            unsafe { crate::cpu::copy::fill(out.dtype(), value.0.as_mut_ptr(), 1, v) };
-            (kernels::Second::Value, std::ptr::null_mut())
-        }
+    let (second, mut pb, mut value) = match b {
+        Second::Array(b) => (kernels::Second::Array, b.data_ptr(), None),
+        Second::Value(v) => (
+            kernels::Second::Value,
+            std::ptr::null_mut(),
+            Some(crate::cpu::copy::ElementBytes::new(out.dtype(), v)),
+        ),
     };
     let dtypes = [a.dtype(), b_dtype, out.dtype()];
     let index = match &plan {
@@ -214,9 +209,9 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     // Kernel arguments after the pointers, in either index width.
     let (mut n32, mut n64) = (n as u32, n as i64);
     // The second parameter is b's pointer, or the value itself for the scalar kernels.
-    let b_param: *mut c_void = match b_array {
-        Some(_) => (&mut pb as *mut *mut u8).cast(),
-        None => value.0.as_mut_ptr().cast(),
+    let b_param: *mut c_void = match &mut value {
+        None => (&mut pb as *mut *mut u8).cast(),
+        Some(value) => value.as_mut_ptr().cast(),
     };
     let mut params: [*mut c_void; 7] = [
         (&mut o as *mut *mut u8).cast(),

@@ -151,7 +151,6 @@ impl RawKernel {
             Some(a) => a.device(),
             None => crate::cuda::current_device()?,
         };
-        crate::cuda::require(device)?;
         for (k, a) in arrays.iter().enumerate() {
             if a.device() != device || !matches!(a.device(), Device::Cuda(_)) {
                 return Err(Error::invalid(format!(
@@ -171,15 +170,7 @@ impl RawKernel {
                 RawArg::Array(a) => params.push(a.data_ptr()),
                 RawArg::Value(v, dtype) => {
                     crate::ops::create::check_value_kind(*v, *dtype, "a raw kernel")?;
-                    let mut bytes = [0u128; 1];
-                    // SAFETY: 16 writable, aligned bytes hold one element of any dtype.
-                    unsafe {
-                        crate::cpu::copy::fill(*dtype, bytes.as_mut_ptr().cast(), 1, *v);
-                    }
-                    // SAFETY: `bytes` is 16 initialized bytes; an element is at most 16.
-                    let all: &[u8] =
-                        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), 16) };
-                    params.push_bytes(&all[..dtype.itemsize()]);
+                    params.push_bytes(crate::cpu::copy::ElementBytes::new(*dtype, *v).as_bytes());
                 }
             }
         }

@@ -4,6 +4,7 @@
 use super::array::PyArray;
 use super::operands::{import_operands, Access, Operand};
 use crate::error::Error;
+use crate::ops::elementwise::spec::Spec;
 use crate::ops::elementwise::{Arg, ElementwiseKernel};
 use crate::ops::raw::{RawArg, RawKernel};
 use pyo3::exceptions::PyTypeError;
@@ -55,7 +56,9 @@ impl PyElementwiseKernel {
         preamble: &str,
     ) -> PyResult<Self> {
         Ok(PyElementwiseKernel {
-            inner: ElementwiseKernel::new(in_params, out_params, operation, name, preamble)?,
+            inner: ElementwiseKernel::new(Spec::new(
+                in_params, out_params, operation, name, preamble,
+            )?),
         })
     }
 

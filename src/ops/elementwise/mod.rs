@@ -50,31 +50,20 @@ pub struct ElementwiseKernel {
     last: Mutex<Option<(u32, Signature, Compiled)>>,
 }
 
-/// One element of any dtype as a kernel parameter (16 bytes hold the widest, complex128).
-#[repr(C, align(16))]
-struct ValueBytes([u8; 16]);
-
 impl ElementwiseKernel {
-    /// Parses and checks the declaration; compiles nothing yet.
-    pub fn new(
-        in_params: &str,
-        out_params: &str,
-        operation: &str,
-        name: &str,
-        preamble: &str,
-    ) -> Result<ElementwiseKernel> {
-        let spec = Spec::new(in_params, out_params, operation, name, preamble)?;
+    /// The kernel of a parsed declaration ([`Spec::new`]); compiles nothing yet.
+    pub fn new(spec: Spec) -> ElementwiseKernel {
         let reads = spec
             .outputs
             .iter()
-            .map(|p| spec::reads_output(operation, &p.name))
+            .map(|p| spec::reads_output(&spec.operation, &p.name))
             .collect();
-        Ok(ElementwiseKernel {
+        ElementwiseKernel {
             spec,
             reads,
             compiled: Mutex::new(HashMap::new()),
             last: Mutex::new(None),
-        })
+        }
     }
 
     /// The parsed declaration.
@@ -275,10 +264,7 @@ impl ElementwiseKernel {
         let push_rest = |p: &mut Params, k: usize| -> Result<()> {
             match (&inputs.get(k), roles[k]) {
                 (Some(Arg::Value(v, _)), Role::Value) => {
-                    let mut bytes = ValueBytes([0; 16]);
-                    // SAFETY: 16 writable, aligned bytes hold one element of any dtype.
-                    unsafe { crate::cpu::copy::fill(dtypes[k], bytes.0.as_mut_ptr(), 1, *v) };
-                    p.push_bytes(&bytes.0[..dtypes[k].itemsize()]);
+                    p.push_bytes(crate::cpu::copy::ElementBytes::new(dtypes[k], *v).as_bytes())
                 }
                 _ => p.push(params::Raw::new(operand(k))?),
             }

@@ -300,11 +300,9 @@ mod compile_tests {
 
     #[test]
     fn generated_programs_compile() {
-        let Some(dir) = std::env::var_os("CUBRIDGE_TEST_NVRTC_DIR") else {
-            eprintln!("CUBRIDGE_TEST_NVRTC_DIR is not set: generated kernels not compiled");
+        if !crate::cuda::nvrtc::test_dir("generated kernels") {
             return;
-        };
-        crate::cuda::nvrtc::add_search_dirs([std::path::PathBuf::from(dir)]);
+        }
         let spec = Spec::new(
             "T x, raw T w, T a",
             "T z, T acc",
