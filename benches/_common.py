@@ -42,29 +42,37 @@ def versions():
     return info
 
 
-def interleaved(fns, calls, rounds=7, warmup=200):
+def interleaved(fns, calls, rounds=7, warmup=200, sync=None):
     """Median wall time per call of each function in `fns` (a dict), with the rounds of all of
     them interleaved, so that the machine's drift over a run (about 30% here) falls on each
-    alike rather than on whichever was measured last. Each round ends with a device
-    synchronize, so the GPU work the calls queued counts."""
+    alike rather than on whichever was measured last. Each round ends with `sync` (by default a
+    CUDA device synchronize, so the GPU work the calls queued counts; host-only benchmarks pass
+    a no-op)."""
     import statistics
     import time
 
-    import torch
+    if sync is None:
+        import torch
 
+        sync = torch.cuda.synchronize
     for fn in fns.values():
         for _ in range(min(calls, warmup)):
             fn()
-    torch.cuda.synchronize()
+    sync()
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
-            torch.cuda.synchronize()
+            sync()
             times[k].append((time.perf_counter() - t0) / calls)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def calls_for(n):
+    """Calls per round for `n` elements: about 2^25 elements' worth, between 20 and 5000."""
+    return max(20, min(5000, (1 << 28) // max(n, 1) // 8))
 
 
 def header(info):

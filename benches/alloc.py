@@ -19,11 +19,7 @@ import time
 import cubridge as cb
 import cupy as cp
 import torch
-from _common import header, interleaved, save_json, versions
-
-
-def calls_for(n):
-    return max(20, min(5000, (1 << 28) // max(n, 1) // 8))
+from _common import calls_for, header, interleaved, save_json, versions
 
 
 def allocating_add(results):

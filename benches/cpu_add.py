@@ -10,25 +10,10 @@ cubridge's (above 1: cubridge is faster).
 import argparse
 import os
 import platform
-import statistics
-import time
 
 import cubridge as cb
 import numpy as np
-
-
-def interleaved(fns, calls, rounds=7):
-    for fn in fns.values():
-        for _ in range(min(calls, 50)):
-            fn()
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times[k].append((time.perf_counter() - t0) / calls)
-    return {k: statistics.median(v) for k, v in times.items()}
+from _common import interleaved
 
 
 def calls_on(a, b, c):
@@ -50,7 +35,7 @@ def main():
             b = (np.arange(n) % 7).astype(dtype)
             c = np.empty_like(a)
             calls = max(3, min(20000, (1 << 27) // n))
-            t = interleaved(calls_on(a, b, c), calls)
+            t = interleaved(calls_on(a, b, c), calls, warmup=50, sync=lambda: None)
             np.testing.assert_array_equal(c, a + b)
             print(
                 f"{dtype:8} 2^{k:<3} {t['numpy'] * 1e6:9.2f}us {t['cubridge'] * 1e6:9.2f}us "

@@ -19,15 +19,11 @@ import os
 import cubridge as cb
 import cupy as cp
 import torch
-from _common import header, interleaved, save_json, versions
+from _common import calls_for, header, interleaved, save_json, versions
 
 OP = "z = (T)(a * (float)x + (float)y)"
 CB = cb.ElementwiseKernel("T x, T y, float32 a", "T z", OP, "bench_axpy")
 CP = cp.ElementwiseKernel("T x, T y, float32 a", "T z", "z = a * x + y", "bench_axpy")
-
-
-def calls_for(n):
-    return max(20, min(5000, (1 << 28) // max(n, 1) // 8))
 
 
 def peers(mode, a, x, y, out, cx, cy, cout):

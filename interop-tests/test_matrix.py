@@ -212,6 +212,14 @@ def _read_after(lib, got, ref):
     return host
 
 
+def _start_sum(cell, request, *libs):
+    """Skips a sum cell whose libraries (or ml_dtypes, for bfloat16) are missing; its Steps."""
+    _skip_if_missing(cell, *libs)
+    if cell.dtype == "bfloat16" and m.ml_dtypes is None:
+        pytest.skip("ml_dtypes is not installed")
+    return Steps(cell, request)
+
+
 def _sum_operands(cell, layouts_group):
     """The bases of x and y (what producers make) and their numpy views (the reference): in
     the given layout for the layouts group, 2^16 elements for the stream cells, else (3, 4) and
@@ -237,10 +245,7 @@ def test_add(cell, request):
     """cubridge.add(x, y, out=z) with x, y and z each from its own producer: z is written in
     place and equals numpy's sum."""
     px, py, pz = cell.producer.split(",")
-    _skip_if_missing(cell, px, py, pz)
-    if cell.dtype == "bfloat16" and m.ml_dtypes is None:
-        pytest.skip("ml_dtypes is not installed")
-    steps = Steps(cell, request)
+    steps = _start_sum(cell, request, px, py, pz)
     bx, by, rx, ry = _sum_operands(cell, "add-layouts")
     expected = _expected_sum(rx, ry)
     layout = cell.layout if cell.group == "add-layouts" else "contiguous"
@@ -281,10 +286,7 @@ def test_kernel(cell, request):
     stream cells write x on the producer's side stream behind a long kernel and call the kernel
     under that stream: the kernel must see the write."""
     px, py, pz = cell.producer.split(",")
-    _skip_if_missing(cell, px, py, pz)
-    if cell.dtype == "bfloat16" and m.ml_dtypes is None:
-        pytest.skip("ml_dtypes is not installed")
-    steps = Steps(cell, request)
+    steps = _start_sum(cell, request, px, py, pz)
     bx, by, rx, ry = _sum_operands(cell, "kernel-layouts")
     expected = _expected_sum(rx, ry)
     layout = cell.layout if cell.group == "kernel-layouts" else "contiguous"
