@@ -1,8 +1,9 @@
-//! `cubridge.Array`: the Python face of [`Array`], exporting DLPack capsules and the buffer
-//! protocol.
+//! `cubridge.Array`'s methods: the Python face of [`Array`], exporting DLPack capsules and the
+//! buffer protocol. The class itself ([`PyArray`]) is defined in `types.rs`, which the modules
+//! that import operands depend on; this one depends on them (its `+` is `cubridge.add`).
 
 use super::buffer;
-use super::types::{PyDType, PyDevice};
+use super::types::{PyArray, PyDType, PyDevice};
 use crate::array::Array;
 use crate::cuda::stream as cs;
 use crate::device::Device;
@@ -18,18 +19,7 @@ use pyo3::types::PyTuple;
 use pyo3::IntoPyObjectExt;
 use std::ffi::c_int;
 
-/// An n-dimensional array whose memory cubridge owns, or a zero-copy view of another library's
-/// array that keeps that array alive.
-#[pyclass(name = "Array", module = "cubridge", frozen)]
-pub struct PyArray {
-    pub inner: Array,
-}
-
 impl PyArray {
-    pub fn new(inner: Array) -> Self {
-        PyArray { inner }
-    }
-
     /// The one element as a Python bool, int, float or complex (device memory is copied to the
     /// host, after its pending work).
     fn element(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {

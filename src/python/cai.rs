@@ -1,7 +1,7 @@
 //! The CUDA array interface (`__cuda_array_interface__`, versions 2 and 3): exporting device
 //! arrays to CuPy, Numba and PyTorch, and importing theirs without copying.
 
-use super::import::Use;
+use super::stream::Use;
 use crate::array::Array;
 use crate::cuda::{memory, stream as cs};
 use crate::device::Device;

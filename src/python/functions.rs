@@ -1,9 +1,10 @@
 //! Module-level functions: creation, import, `add`, and `cubridge.cuda` queries.
 
-use super::array::PyArray;
 use super::import::{
-    default_dtype, exchanged, finish, from_sequence, import, python_scalar, widest, Exchanged, Use,
+    default_dtype, exchanged, finish, from_sequence, import, python_scalar, widest, Exchanged,
 };
+use super::stream::Use;
+use super::types::PyArray;
 use super::types::{parse_device, parse_dtype};
 use crate::array::Array;
 use crate::cuda::stream::LEGACY;

@@ -2,9 +2,9 @@
 //! (for `asarray`) Python scalars and nested sequences. Foreign memory is viewed, never copied,
 //! unless the caller asks for a copy, another dtype or another device.
 
-use super::array::PyArray;
 use super::buffer;
-use super::stream::Consumer;
+use super::stream::{Consumer, Use};
+use super::types::PyArray;
 use crate::array::Array;
 use crate::cpu::copy::fill;
 use crate::cpu::element::Scalar;
@@ -21,17 +21,6 @@ use dlpark::DlpackFlags;
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
-
-/// What an imported CUDA view is for, which decides whether it needs an event of its own.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Use {
-    /// The view is kept (returned to the caller): an event is recorded on the consumer stream
-    /// after the producer's work, so that any later user, on any stream, can wait for it.
-    Kept,
-    /// The view is used at once by work queued on the consumer stream and then dropped: the
-    /// producer's ordering before that stream is all it needs, and no event is recorded.
-    Immediate,
-}
 
 /// An imported array and whether the producer handed over a copy rather than its own memory.
 pub struct Imported {

@@ -1,8 +1,8 @@
 //! `cubridge.ElementwiseKernel` and `cubridge.RawKernel`: users' CUDA kernels on arrays from any
 //! producer. Conversion only; the kernels live in `ops::elementwise` and `ops::raw`.
 
-use super::array::PyArray;
 use super::operands::{import_operands, Access, Operand};
+use super::types::PyArray;
 use crate::error::Error;
 use crate::ops::elementwise::spec::Spec;
 use crate::ops::elementwise::{Arg, ElementwiseKernel};

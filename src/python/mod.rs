@@ -19,18 +19,18 @@ pub mod operands;
 mod stream;
 mod types;
 
-pub use array::PyArray;
 pub use extension::prepare_extension;
 pub use operands::{work_stream, AnyArray};
+pub use types::PyArray;
 
 use pyo3::prelude::*;
 
 #[pymodule]
 #[pyo3(name = "_cubridge")]
 fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<array::PyArray>()?;
+    m.add_class::<types::PyArray>()?;
     // The DLPack 1.3 C exchange table, so that consumers which read it skip the Python protocol.
-    dlpark::python::install_exchange_api::<array::PyArray>(m.py())?;
+    dlpark::python::install_exchange_api::<types::PyArray>(m.py())?;
     m.add_class::<types::PyDType>()?;
     m.add_class::<types::PyDevice>()?;
     errors::register(m)?;

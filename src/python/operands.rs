@@ -2,9 +2,8 @@
 //! scalars, and the stream the kernel runs on. Shared by users' kernels and by extension crates
 //! (the public [`AnyArray`]).
 
-use super::import::{
-    exchanged, import, python_scalar, type_name, typed_numpy_scalar, Exchanged, Use,
-};
+use super::import::{exchanged, import, python_scalar, type_name, typed_numpy_scalar, Exchanged};
+use super::stream::Use;
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cuda::stream::{Stream, LEGACY};

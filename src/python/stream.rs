@@ -151,3 +151,14 @@ impl Drop for PyStream {
         cs::destroy(self.handle, self.ordinal);
     }
 }
+
+/// What an imported CUDA view is for, which decides whether it needs an event of its own.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// The view is kept (returned to the caller): an event is recorded on the consumer stream
+    /// after the producer's work, so that any later user, on any stream, can wait for it.
+    Kept,
+    /// The view is used at once by work queued on the consumer stream and then dropped: the
+    /// producer's ordering before that stream is all it needs, and no event is recorded.
+    Immediate,
+}

@@ -1,11 +1,28 @@
-//! `cubridge.dtype` and `cubridge.Device`: small value classes whose `str()` is the canonical
-//! name and that compare equal to that name.
+//! The classes of the Python module: `cubridge.Array` ([`PyArray`], whose methods are in
+//! `array.rs`), and `cubridge.dtype` and `cubridge.Device`, small value classes whose `str()` is
+//! the canonical name and that compare equal to that name.
 
+use crate::array::Array;
 use crate::device::{Device, DeviceSpec};
 use crate::dtype::DType;
 use crate::error::Error;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
+
+/// An n-dimensional array whose memory cubridge owns, or a zero-copy view of another library's
+/// array that keeps that array alive.
+#[pyclass(name = "Array", module = "cubridge", frozen)]
+pub struct PyArray {
+    /// The array.
+    pub inner: Array,
+}
+
+impl PyArray {
+    /// Wraps `inner` for Python.
+    pub fn new(inner: Array) -> Self {
+        PyArray { inner }
+    }
+}
 
 /// An element type. `str(d)` is its canonical name, and `d == "float32"` holds for float32.
 #[pyclass(name = "dtype", module = "cubridge", frozen)]
