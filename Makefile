@@ -4,7 +4,7 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(VENV)
 
-.PHONY: demo test test-rust test-python test-example build lint format bench clean
+.PHONY: demo test test-rust test-python test-example build wheel lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,20 @@ $(VENV)/.lint-deps: requirements/lint.txt | $(BIN)/python
 ## build: compile the extension (release) into .venv
 build: $(VENV)/.build-deps
 	$(BIN)/maturin develop --release -q
+
+## wheel: a release wheel in target/wheels that ships add's kernels for the common dtypes,
+## compiled here by NVRTC from the nvidia pip packages (no CUDA toolkit) for sm_80 to sm_120
+SHIP := $(CURDIR)/target/shipped-kernels
+NVIDIA := $(VENV)/nvidia-ship
+$(NVIDIA)/.done: requirements/ship.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q --target $(NVIDIA) -r requirements/ship.txt
+	touch $@
+
+wheel: $(VENV)/.build-deps $(NVIDIA)/.done
+	rm -rf $(SHIP)
+	CUDA_HOME=$(NVIDIA)/nvidia/cuda_runtime CUBRIDGE_NVRTC_DIR=$(NVIDIA)/nvidia/cuda_nvrtc/lib \
+		cargo run --release --quiet --example ship_kernels -- $(SHIP)
+	CUBRIDGE_SHIP_KERNELS=$(SHIP) $(BIN)/maturin build --release -q
 
 ## demo: build, then run examples/demo.py (CUDA when present, else the CPU)
 demo: build

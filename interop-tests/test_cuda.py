@@ -3,7 +3,10 @@ lifetimes, and cubridge.add on foreign device pointers. Marked ``cuda``; skipped
 GPU is present. Every value is compared with numpy (host copies) or torch."""
 
 import gc
+import json
 import os
+import subprocess
+import sys
 import time
 
 import cubridge as cb
@@ -797,11 +800,78 @@ def test_kernels_are_cached_on_disk(tmp_path):
     first = run_child(code, env)
     assert first.stdout.strip() == "[2, 2, 2, 2]"
     cached = sorted(p.name for p in tmp_path.iterdir())
-    assert cached and all(n.endswith(".ptx") for n in cached)
+    # int16 is not among the kernels shipped in a wheel: it is compiled, to machine code for
+    # this device, and cached.
+    major, minor = torch.cuda.get_device_capability()
+    assert cached and all(n.endswith(f".{major}{minor}.bin") for n in cached), cached
     mtimes = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     second = run_child(code, env)
     assert second.stdout.strip() == "[2, 2, 2, 2]"
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == mtimes
+
+
+_SHIPPED_CHILD = r"""
+import json, sys, torch, cubridge as cb
+failures = []
+def check(what, got, a, b):
+    want = (a.float() + b.float()) if a.dtype != b.dtype else (a + b if a.dtype != torch.bool else a | b)
+    got = torch.from_dlpack(got)
+    if got.dtype != want.dtype or not torch.equal(got.cpu(), want.cpu()):
+        failures.append(what)
+g = torch.Generator(device="cuda").manual_seed(0)
+def sample(dtype):
+    x = torch.randint(0, 50, (96, 96), generator=g, device="cuda")
+    return (x % 2).bool() if dtype == torch.bool else x.to(dtype)
+names = sys.argv[1].split(",")
+for name in names:
+    a, b = (getattr(torch, n) for n in name.split("+"))
+    x, y = sample(a), sample(b)
+    check(name, cb.add(x, y), x, y)
+    check(name + " transposed", cb.add(x.T, y), x.T, y)
+    if a == b:
+        s = True if a == torch.bool else 3
+        check(name + " scalar", cb.add(x, s), x, torch.full_like(x, s))
+        # A strided source is gathered into a contiguous copy on its way to the host.
+        host = torch.from_dlpack(cb.asarray(x[:, ::3], device="cpu"))
+        if not torch.equal(host, x[:, ::3].cpu()):
+            failures.append(name + " gather")
+try:
+    cb.add(torch.ones(4, dtype=torch.int16, device="cuda"), torch.ones(4, dtype=torch.int16, device="cuda"))
+    failures.append("int16 compiled although CUBRIDGE_NVRTC=0")
+except cb.CompileError as e:
+    if "CUBRIDGE_NVRTC=0" not in str(e):
+        failures.append("int16 error: " + str(e))
+print(json.dumps(failures))
+"""
+
+_SHIPPED_CASES = (
+    "bool+bool,int8+int8,int32+int32,int64+int64,uint8+uint8,float16+float16,"
+    "bfloat16+bfloat16,float32+float32,float64+float64,float16+float32,float32+float16,"
+    "bfloat16+float32,float32+bfloat16"
+)
+
+
+def test_shipped_kernels_run_without_nvrtc(tmp_path):
+    """A wheel built by `make wheel` ships add's kernels for the common dtypes: in a new process
+    with an empty kernel cache and run-time compilation off, every shipped case (contiguous,
+    transposed, scalar, and the gather of a strided copy) runs and equals torch's result, and
+    one that is not shipped says why it cannot compile."""
+    major, minor = torch.cuda.get_device_capability()
+    arch = major * 10 + minor
+    shipped = {a for _, a in cb.cuda.shipped_kernels() if a // 10 == major and a <= arch}
+    if not shipped:
+        pytest.skip(f"this build ships no kernels for sm_{arch} (a source build; see make wheel)")
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path), CUBRIDGE_NVRTC="0")
+    done = subprocess.run(
+        [sys.executable, "-c", _SHIPPED_CHILD, _SHIPPED_CASES],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    # Nothing was compiled, so nothing was cached.
+    assert list(tmp_path.iterdir()) == []
 
 
 @two_gpus

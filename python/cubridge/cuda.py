@@ -16,6 +16,7 @@ __all__ = [
     "mem_info",
     "memory_stats",
     "record_stream",
+    "shipped_kernels",
     "synchronize",
 ]
 
@@ -53,6 +54,14 @@ def memory_stats(device=None) -> dict[str, int]:
     (what the device's pool holds from the driver, for cubridge and every other user of the pool),
     ``reserved_bytes_peak`` and ``pool_used_bytes`` (handed out by the pool now, to anyone)."""
     return _cubridge.cuda_memory_stats(device)
+
+
+def shipped_kernels() -> list[tuple[str, int]]:
+    """The kernels compiled ahead of time and shipped in this build, as ``(program, arch)``
+    pairs (``arch`` 90 is compute capability 9.0). A call that needs one of them on a device of
+    that major version loads it without compiling; wheels built by ``make wheel`` ship add's
+    kernels for the common dtypes, a source build ships none. Works without CUDA."""
+    return _cubridge.cuda_shipped_kernels()
 
 
 def record_stream(array, stream) -> None:

@@ -148,23 +148,31 @@ fn arch(ordinal: u32) -> Result<u32> {
     Ok((major * 10 + minor) as u32)
 }
 
-/// Compiles `program` for `ordinal` (or reads its PTX from the disk cache), loads it into the
-/// device's context, and finds its functions.
+/// Loads `program` into `ordinal`'s context, and finds its functions: its cubin shipped in the
+/// build where there is one for the device (see [`super::shipped`]), else compiled by NVRTC or
+/// read from the disk cache. A shipped cubin that the driver refuses (an older driver, say) is
+/// passed over for a compile.
 fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     context::bind(ordinal)?;
-    let ptx = nvrtc::compile(
-        &program.source,
-        &program.name,
-        arch(ordinal)?,
-        &program.options,
-    )?;
-    let image = CString::new(ptx).map_err(|_| crate::Error::invalid("PTX contains NUL"))?;
-    // SAFETY: `image` is NUL-terminated PTX; a context is current. The module stays loaded for
-    // the process (its functions are cached).
-    let loaded = check(
-        unsafe { result::module::load_data(image.as_ptr().cast()) },
-        "loading a compiled kernel module",
-    )?;
+    let arch = arch(ordinal)?;
+    let load_image = |image: &[u8]| {
+        // SAFETY: `image` is a cubin or NUL-terminated PTX, alive for the call; a context is
+        // current. The module stays loaded for the process (its functions are cached).
+        check(
+            unsafe { result::module::load_data(image.as_ptr().cast()) },
+            "loading a compiled kernel module",
+        )
+    };
+    let shipped = super::shipped::find(&nvrtc::key(&program.source, &program.options), arch);
+    let loaded = match shipped.map(load_image) {
+        Some(Ok(module)) => module,
+        _ => load_image(&nvrtc::compile(
+            &program.source,
+            &program.name,
+            arch,
+            &program.options,
+        )?)?,
+    };
     let mut found = Vec::new();
     for name in &program.functions {
         let cname = CString::new(name.as_str())
@@ -398,6 +406,49 @@ fn gather_program(dtype: DType) -> Program {
          Geometry g) {{ gather<{t}>(o, s, n, g); }}\n"
     );
     own(format!("gather_{dtype}"), GATHER, wrappers, &["cb_gather"])
+}
+
+/// The dtypes whose add (same dtype on both sides, array or scalar second input) and gather
+/// kernels ship in the build: the ones most programs use.
+const SHIPPED_DTYPES: [DType; 9] = [
+    DType::Bool,
+    DType::Int8,
+    DType::Int32,
+    DType::Int64,
+    DType::UInt8,
+    DType::Float16,
+    DType::BFloat16,
+    DType::Float32,
+    DType::Float64,
+];
+
+/// The mixed-dtype adds that ship: float16 and bfloat16 with float32, either way round.
+const SHIPPED_PAIRS: [(DType, DType); 4] = [
+    (DType::Float16, DType::Float32),
+    (DType::Float32, DType::Float16),
+    (DType::BFloat16, DType::Float32),
+    (DType::Float32, DType::BFloat16),
+];
+
+/// The programs compiled ahead of time and shipped in the build (see [`super::shipped`]): for
+/// the common dtypes and promotions, add's flat and tiled kernels with 32-bit indices (64-bit
+/// ones serve only arrays past 2^31 elements), the scalar add, and the gather.
+pub fn shipped_programs() -> Vec<Program> {
+    let mut programs = Vec::new();
+    let triples = SHIPPED_DTYPES
+        .iter()
+        .map(|&d| [d, d, d])
+        .chain(SHIPPED_PAIRS.iter().map(|&(a, b)| [a, b, DType::Float32]));
+    for t in triples {
+        for part in [AddPart::Flat, AddPart::Tiled] {
+            programs.push(add_program(t, Second::Array, part, Index::I32));
+        }
+        if t[0] == t[1] {
+            programs.push(add_program(t, Second::Value, AddPart::Flat, Index::I32));
+        }
+    }
+    programs.extend(SHIPPED_DTYPES.iter().map(|&d| gather_program(d)));
+    programs
 }
 
 /// Resident threads per SM the grid-stride kernels aim for (full occupancy on recent GPUs).

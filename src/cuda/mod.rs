@@ -9,6 +9,7 @@ pub mod launch;
 pub mod memory;
 pub mod nvrtc;
 pub mod release;
+pub mod shipped;
 pub mod stream;
 
 /// The driver API's types (`CUfunction`, `CUstream`, ...), for extension crates that launch

@@ -1,12 +1,13 @@
 //! NVRTC: finding the library (a CUDA toolkit, or the pip packages that PyTorch and CuPy wheels
-//! install), compiling CUDA C++ to PTX, and caching PTX on disk so a new process does not run
-//! NVRTC again. The disk cache lives in `$CUBRIDGE_CACHE_DIR`, else
-//! `$XDG_CACHE_HOME/cubridge`, else `~/.cache/cubridge`.
+//! install), compiling CUDA C++ to machine code for the device at hand (PTX where NVRTC does not
+//! know the device), and caching that on disk so a new process does not run NVRTC again. The
+//! disk cache lives in
+//! `$CUBRIDGE_CACHE_DIR`, else `$XDG_CACHE_HOME/cubridge`, else `~/.cache/cubridge`;
+//! `CUBRIDGE_NVRTC=0` switches run-time compilation off.
 
 use crate::error::{Error, Result};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
+use cudarc::nvrtc::{result, sys};
+use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
@@ -108,23 +109,220 @@ fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("cubridge"))
 }
 
-/// PTX for `source` on compute capability `arch` (e.g. 90), from the disk cache when present.
-/// `name` names the program in errors; `extra` are further NVRTC options (`-DNAME=1`,
-/// `--use_fast_math`, ...), part of the cache key. A compile error carries NVRTC's log and,
-/// after it, the source lines the log points at.
-pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<String> {
-    let mut hasher = DefaultHasher::new();
-    (env!("CARGO_PKG_VERSION"), source, arch, extra).hash(&mut hasher);
-    let key = format!("{:016x}.ptx", hasher.finish());
-    let cached = cache_dir().map(|d| d.join(&key));
+/// Whether run-time compilation is switched off (`CUBRIDGE_NVRTC=0`): then only kernels shipped
+/// in the build and those already in the disk cache run.
+fn disabled() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("CUBRIDGE_NVRTC").is_ok_and(|v| v == "0"))
+}
+
+/// What identifies a program's compiled code apart from its architecture: cubridge's version,
+/// the source and the options, hashed with 64-bit FNV-1a (stable across builds and processes, so
+/// kernels compiled when the wheel is built are found at run time by the same key).
+pub fn key(source: &str, extra: &[String]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes.iter().chain(std::iter::once(&0u8)) {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    feed(env!("CARGO_PKG_VERSION").as_bytes());
+    feed(source.as_bytes());
+    for option in extra {
+        feed(option.as_bytes());
+    }
+    format!("{hash:016x}")
+}
+
+/// What NVRTC is asked to produce.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Target {
+    /// Machine code (a cubin) for `sm_N`: loads without the driver's PTX compiler.
+    Cubin(u32),
+    /// PTX for `compute_N`, which the driver compiles when the module loads; for devices newer
+    /// than the NVRTC found.
+    Ptx(u32),
+}
+
+/// The architectures the loaded NVRTC compiles for (e.g. 75, 80, ..., 120).
+fn supported_archs() -> Result<&'static [u32]> {
+    static ARCHS: OnceLock<std::result::Result<Vec<u32>, String>> = OnceLock::new();
+    ensure_loaded()?;
+    ARCHS
+        .get_or_init(|| {
+            let mut n: std::ffi::c_int = 0;
+            // SAFETY: NVRTC is loaded; `n` is a valid out-pointer.
+            unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) }
+                .result()
+                .map_err(|e| format!("{e:?}"))?;
+            let mut archs: Vec<std::ffi::c_int> = vec![0; n.max(0) as usize];
+            // SAFETY: `archs` has room for the `n` entries NVRTC writes.
+            unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+                .result()
+                .map_err(|e| format!("{e:?}"))?;
+            Ok(archs.into_iter().map(|a| a as u32).collect())
+        })
+        .as_deref()
+        .map_err(|log| Error::Compile {
+            kernel: "(asking NVRTC for its architectures)".into(),
+            log: log.clone(),
+        })
+}
+
+/// The target for a device of compute capability `arch`: its machine code where NVRTC knows the
+/// architecture, else PTX for the newest one NVRTC knows below it.
+fn target_for(arch: u32) -> Result<Target> {
+    let archs = supported_archs()?;
+    if archs.contains(&arch) {
+        return Ok(Target::Cubin(arch));
+    }
+    archs
+        .iter()
+        .copied()
+        .filter(|&a| a <= arch)
+        .max()
+        .map(Target::Ptx)
+        .ok_or_else(|| Error::Compile {
+            kernel: "(choosing an architecture)".into(),
+            log: format!(
+                "the NVRTC found compiles for {archs:?}, none of them at or below this device's \
+                 compute capability {}.{}",
+                arch / 10,
+                arch % 10
+            ),
+        })
+}
+
+/// Compiled code for `source` on a device of compute capability `arch` (e.g. 90), ready for
+/// `cuModuleLoadData`: the disk cache's, else NVRTC's (machine code where it knows the
+/// architecture, PTX otherwise), which the disk cache then keeps. `name` names the program
+/// in errors; `extra` are further NVRTC options (`-DNAME=1`, `--use_fast_math`, ...), part of
+/// the key. A compile error carries NVRTC's log and, after it, the source lines the log points
+/// at.
+pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<Vec<u8>> {
+    let key = key(source, extra);
+    let cached = cache_dir().map(|d| d.join(format!("{key}.{arch}.bin")));
     if let Some(path) = &cached {
-        if let Ok(ptx) = std::fs::read_to_string(path) {
-            return Ok(ptx);
+        if let Ok(image) = std::fs::read(path) {
+            return Ok(image);
         }
     }
+    if disabled() {
+        return Err(Error::Compile {
+            kernel: name.to_string(),
+            log: format!(
+                "run-time compilation is off (CUBRIDGE_NVRTC=0), and no kernel for compute \
+                 capability {}.{} was shipped in this build or is in the disk cache",
+                arch / 10,
+                arch % 10
+            ),
+        });
+    }
+    let image = compile_for(source, name, target_for(arch)?, extra)?;
+    if let Some(path) = cached {
+        // Best effort, atomically: a temporary file renamed into place.
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+            let tmp = dir.join(format!("{key}.{arch}.{}.tmp", std::process::id()));
+            if std::fs::write(&tmp, &image).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+    }
+    Ok(image)
+}
+
+/// Closes an NVRTC program when dropped.
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by nvrtcCreateProgram and is destroyed once, here.
+        let _ = unsafe { result::destroy_program(self.0) };
+    }
+}
+
+/// Runs NVRTC on `source` for `target`, with no cache. PTX comes back NUL-terminated, as
+/// `cuModuleLoadData` takes it.
+pub fn compile_for(source: &str, name: &str, target: Target, extra: &[String]) -> Result<Vec<u8>> {
     ensure_loaded()?;
-    let arch_flag: &'static str = Box::leak(format!("compute_{arch}").into_boxed_str());
-    let mut include_paths: Vec<String> = toolkit_dirs("include")
+    let nul = |what: &str| Error::invalid(format!("{what} of kernel `{name}` contains a NUL byte"));
+    let file = format!("{name}.cu");
+    let c_source = CString::new(source).map_err(|_| nul("the source"))?;
+    let c_file = CString::new(file.as_str()).map_err(|_| nul("the name"))?;
+    let mut options: Vec<String> = vec![match target {
+        Target::Cubin(a) => format!("--gpu-architecture=sm_{a}"),
+        Target::Ptx(a) => format!("--gpu-architecture=compute_{a}"),
+    }];
+    for dir in include_dirs() {
+        options.push(format!("--include-path={dir}"));
+    }
+    options.extend(extra.iter().cloned());
+    // C++17 unless the caller chose a standard.
+    if !extra
+        .iter()
+        .any(|o| o.starts_with("--std") || o.starts_with("-std"))
+    {
+        options.push("--std=c++17".into());
+    }
+    if options.iter().any(|o| o.contains('\0')) {
+        return Err(nul("an option"));
+    }
+    let program = Program(
+        result::create_program(&c_source, Some(&c_file)).map_err(|e| Error::Compile {
+            kernel: name.to_string(),
+            log: format!("NVRTC could not create the program: {e:?}"),
+        })?,
+    );
+    // SAFETY: the program is live; no option holds a NUL (checked above).
+    if let Err(e) = unsafe { result::compile_program(program.0, &options) } {
+        // SAFETY: the program is live.
+        let log = unsafe { result::get_program_log(program.0) }
+            .map(|raw| {
+                let bytes: Vec<u8> = raw
+                    .iter()
+                    .map(|&c| c as u8)
+                    .take_while(|&b| b != 0)
+                    .collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_else(|_| format!("{e:?}"));
+        return Err(Error::Compile {
+            kernel: name.to_string(),
+            log: with_source_lines(&log, &file, source),
+        });
+    }
+    let fetch_failed = |e: result::NvrtcError| Error::Compile {
+        kernel: name.to_string(),
+        log: format!("NVRTC compiled the program but did not hand back its code: {e:?}"),
+    };
+    match target {
+        Target::Cubin(_) => {
+            let mut size = 0usize;
+            // SAFETY: the program is live and compiled; `size` is a valid out-pointer.
+            unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }
+                .result()
+                .map_err(fetch_failed)?;
+            let mut image = vec![0u8; size];
+            // SAFETY: `image` has the `size` bytes NVRTC writes.
+            unsafe { sys::nvrtcGetCUBIN(program.0, image.as_mut_ptr().cast()) }
+                .result()
+                .map_err(fetch_failed)?;
+            Ok(image)
+        }
+        Target::Ptx(_) => {
+            // SAFETY: the program is live and compiled.
+            let ptx = unsafe { result::get_ptx(program.0) }.map_err(fetch_failed)?;
+            // nvrtcGetPTX's text includes its terminating NUL.
+            Ok(ptx.into_iter().map(|c| c as u8).collect())
+        }
+    }
+}
+
+/// Folders NVRTC searches for `#include <...>` (the CUDA headers: `cuda_fp16.h`, ...).
+fn include_dirs() -> Vec<String> {
+    let mut dirs: Vec<String> = toolkit_dirs("include")
         .into_iter()
         .chain(
             SEARCH_DIRS
@@ -136,44 +334,8 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
         .filter(|d| d.is_dir())
         .map(|d| d.display().to_string())
         .collect();
-    include_paths.dedup();
-    // C++17 unless the caller chose a standard.
-    let mut options: Vec<String> = extra.to_vec();
-    if !extra
-        .iter()
-        .any(|o| o.starts_with("--std") || o.starts_with("-std"))
-    {
-        options.push("--std=c++17".into());
-    }
-    let file = format!("{name}.cu");
-    let options = CompileOptions {
-        arch: Some(arch_flag),
-        include_paths,
-        options,
-        name: Some(file.clone()),
-        ..Default::default()
-    };
-    let ptx = compile_ptx_with_opts(source, options).map_err(|e| Error::Compile {
-        kernel: name.to_string(),
-        log: match e {
-            CompileError::CompileError { log, .. } => {
-                with_source_lines(&log.to_string_lossy(), &file, source)
-            }
-            other => format!("{other:?}"),
-        },
-    })?;
-    let text = ptx.to_src();
-    if let Some(path) = cached {
-        // Best effort, atomically: a temporary file renamed into place.
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
-            let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
-            if std::fs::write(&tmp, &text).is_ok() {
-                let _ = std::fs::rename(&tmp, &path);
-            }
-        }
-    }
-    Ok(text)
+    dirs.dedup();
+    dirs
 }
 
 /// NVRTC's `log`, followed by each line of `source` that it points at (`file(LINE): ...`), at

@@ -393,6 +393,12 @@ pub fn _add_nvrtc_search_dirs(dirs: Vec<std::path::PathBuf>) {
     crate::cuda::nvrtc::add_search_dirs(dirs);
 }
 
+/// The kernels shipped in this build, as (program name, compute capability) pairs.
+#[pyfunction]
+pub fn cuda_shipped_kernels() -> Vec<(&'static str, u32)> {
+    crate::cuda::shipped::list()
+}
+
 /// The CUDA device a `device=` argument names (default: the current device).
 fn cuda_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
     let device = match device.filter(|d| !d.is_none()) {
