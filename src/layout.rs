@@ -11,9 +11,118 @@ pub const MAX_NDIM: usize = 64;
 /// element from the start of the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    shape: Vec<usize>,
-    strides: Vec<isize>,
+    shape: Dims<usize>,
+    strides: Dims<isize>,
     byte_offset: usize,
+}
+
+/// Dimensions a [`Dims`] holds in place; more go to the heap.
+const INLINE_DIMS: usize = 4;
+
+/// One entry per dimension, in place for up to four dimensions (nearly every array), so that
+/// making a layout or a loop plan (every import, view, result and call) allocates nothing. Reads
+/// as a slice.
+#[derive(Clone)]
+pub enum Dims<T: Copy + Default> {
+    /// The first `n` entries of the array.
+    Inline(u8, [T; INLINE_DIMS]),
+    /// More than fit in place.
+    Heap(Vec<T>),
+}
+
+impl<T: Copy + Default> Dims<T> {
+    /// A copy of `values`.
+    pub fn from_slice(values: &[T]) -> Self {
+        if values.len() <= INLINE_DIMS {
+            let mut inline = [T::default(); INLINE_DIMS];
+            inline[..values.len()].copy_from_slice(values);
+            Dims::Inline(values.len() as u8, inline)
+        } else {
+            Dims::Heap(values.to_vec())
+        }
+    }
+
+    /// `values`, moved in place when they fit.
+    pub fn from_vec(values: Vec<T>) -> Self {
+        if values.len() <= INLINE_DIMS {
+            Self::from_slice(&values)
+        } else {
+            Dims::Heap(values)
+        }
+    }
+
+    /// `n` entries from `f(0)`, `f(1)`, ...
+    fn from_fn(n: usize, mut f: impl FnMut(usize) -> T) -> Self {
+        if n <= INLINE_DIMS {
+            let mut inline = [T::default(); INLINE_DIMS];
+            for (i, v) in inline.iter_mut().take(n).enumerate() {
+                *v = f(i);
+            }
+            Dims::Inline(n as u8, inline)
+        } else {
+            Dims::Heap((0..n).map(f).collect())
+        }
+    }
+}
+
+impl<T: Copy + Default> std::ops::Deref for Dims<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Dims::Inline(n, values) => &values[..*n as usize],
+            Dims::Heap(values) => values,
+        }
+    }
+}
+
+impl<T: Copy + Default> std::ops::DerefMut for Dims<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Dims::Inline(n, values) => &mut values[..*n as usize],
+            Dims::Heap(values) => values,
+        }
+    }
+}
+
+impl<'a, T: Copy + Default> IntoIterator for &'a Dims<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<T: Copy + Default + PartialEq> PartialEq<Vec<T>> for Dims<T> {
+    fn eq(&self, other: &Vec<T>) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Copy + Default + PartialEq> PartialEq for Dims<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Copy + Default + Eq> Eq for Dims<T> {}
+
+impl<T: Copy + Default + std::fmt::Debug> std::fmt::Debug for Dims<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// Row-major strides for `shape`, in place.
+fn c_strides_dims(shape: &[usize]) -> Dims<isize> {
+    let mut strides = Dims::from_fn(shape.len(), |_| 0isize);
+    let mut acc: isize = 1;
+    for (stride, &dim) in strides.iter_mut().zip(shape).rev() {
+        *stride = acc;
+        acc = acc.saturating_mul(dim.max(1) as isize);
+    }
+    strides
 }
 
 /// Row-major (C order) strides for `shape`, in elements.
@@ -86,8 +195,8 @@ impl Layout {
         check_ndim(shape.len())?;
         checked_numel(shape)?;
         Ok(Layout {
-            shape: shape.to_vec(),
-            strides: c_strides(shape),
+            shape: Dims::from_slice(shape),
+            strides: c_strides_dims(shape),
             byte_offset: 0,
         })
     }
@@ -109,8 +218,8 @@ impl Layout {
         }
         checked_numel(&shape)?;
         Ok(Layout {
-            shape,
-            strides,
+            shape: Dims::from_vec(shape),
+            strides: Dims::from_vec(strides),
             byte_offset,
         })
     }
@@ -130,15 +239,14 @@ impl Layout {
                 shape.len()
             )));
         }
-        let mut dims = Vec::with_capacity(shape.len());
-        for (axis, &d) in shape.iter().enumerate() {
-            let d = usize::try_from(d).map_err(|_| {
+        let mut dims = Dims::from_fn(shape.len(), |_| 0usize);
+        for ((axis, &d), to) in shape.iter().enumerate().zip(dims.iter_mut()) {
+            *to = usize::try_from(d).map_err(|_| {
                 Error::invalid(format!("shape[{axis}] is negative or too large: {d}"))
             })?;
-            dims.push(d);
         }
         let strides = match strides {
-            None => c_strides(&dims),
+            None => c_strides_dims(&dims),
             Some(s) if s.len() != dims.len() => {
                 return Err(Error::invalid(format!(
                     "shape has {} dimensions but strides has {}",
@@ -146,17 +254,23 @@ impl Layout {
                     s.len()
                 )))
             }
-            Some(s) => s
-                .iter()
-                .map(|&v| {
-                    isize::try_from(v)
-                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))
-                })
-                .collect::<Result<_>>()?,
+            Some(s) => {
+                let mut strides = Dims::from_fn(s.len(), |_| 0isize);
+                for (to, &v) in strides.iter_mut().zip(s) {
+                    *to = isize::try_from(v)
+                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))?;
+                }
+                strides
+            }
         };
         let byte_offset = usize::try_from(byte_offset)
             .map_err(|_| Error::invalid(format!("byte_offset {byte_offset} is too large")))?;
-        let layout = Layout::new(dims, strides, byte_offset)?;
+        checked_numel(&dims)?;
+        let layout = Layout {
+            shape: dims,
+            strides,
+            byte_offset,
+        };
         // The farthest byte reachable must be addressable.
         layout.byte_extent(itemsize)?;
         Ok(layout)
@@ -265,7 +379,7 @@ impl Layout {
     /// everything the smaller ones reach. Layouts that interleave dimensions without sharing
     /// (rare, and never produced by slicing or transposing) are also reported.
     pub fn may_overlap_itself(&self) -> bool {
-        if self.numel() <= 1 {
+        if self.numel() <= 1 || self.is_contiguous() {
             return false;
         }
         let mut dims: Vec<(usize, usize)> = self
@@ -296,9 +410,10 @@ impl Layout {
 
     /// The same elements with the dimensions in reverse order.
     pub fn transposed(&self) -> Layout {
+        let n = self.ndim();
         Layout {
-            shape: self.shape.iter().rev().copied().collect(),
-            strides: self.strides.iter().rev().copied().collect(),
+            shape: Dims::from_fn(n, |i| self.shape[n - 1 - i]),
+            strides: Dims::from_fn(n, |i| self.strides[n - 1 - i]),
             byte_offset: self.byte_offset,
         }
     }
@@ -307,14 +422,14 @@ impl Layout {
     /// size-1 dimensions get stride 0.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Layout> {
         let err = || Error::Broadcast {
-            left: self.shape.clone(),
+            left: self.shape.to_vec(),
             right: shape.to_vec(),
         };
         if shape.len() < self.ndim() {
             return Err(err());
         }
         let lead = shape.len() - self.ndim();
-        let mut strides = vec![0isize; shape.len()];
+        let mut strides = Dims::from_fn(shape.len(), |_| 0isize);
         for (i, &target) in shape.iter().enumerate().skip(lead) {
             let (dim, stride) = (self.shape[i - lead], self.strides[i - lead]);
             strides[i] = match dim {
@@ -324,7 +439,7 @@ impl Layout {
             };
         }
         Ok(Layout {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             byte_offset: self.byte_offset,
         })
@@ -336,9 +451,19 @@ impl Layout {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Coalesced<const N: usize> {
     /// The merged shape (at least one dimension; `[0]` when empty).
-    pub shape: Vec<usize>,
+    pub shape: Dims<usize>,
     /// Each operand's strides over `shape`, in elements.
-    pub strides: [Vec<isize>; N],
+    pub strides: [Dims<isize>; N],
+}
+
+impl<const N: usize> Coalesced<N> {
+    /// The plan of `n` elements that every operand holds contiguously: one run.
+    pub fn contiguous(n: usize) -> Self {
+        Coalesced {
+            shape: Dims::from_slice(&[n]),
+            strides: std::array::from_fn(|_| Dims::from_slice(&[1])),
+        }
+    }
 }
 
 /// Orders the dimensions of operands that share `shape` so that the first operand's strides
@@ -372,8 +497,8 @@ pub fn order_by_first_of(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, 
 pub fn coalesce<const N: usize>(shape: &[usize], strides: [&[isize]; N]) -> Coalesced<N> {
     let (shape, strides) = coalesce_of(shape, &strides);
     Coalesced {
-        shape,
-        strides: to_array(strides),
+        shape: Dims::from_vec(shape),
+        strides: to_array(strides).map(Dims::from_vec),
     }
 }
 
@@ -419,6 +544,39 @@ pub fn coalesce_of(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layouts_of_few_and_many_dimensions_behave_alike() {
+        // Four dimensions are held in place, six on the heap; both answer the same way.
+        for shape in [vec![2usize, 3, 4, 5], vec![2, 1, 3, 1, 4, 2]] {
+            let n = shape.len();
+            let c = Layout::contiguous(&shape).unwrap();
+            assert_eq!(c.shape(), &shape[..]);
+            assert_eq!(c.strides(), &c_strides(&shape)[..]);
+            assert!(c.is_contiguous());
+            let as_i64: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+            let strides: Vec<i64> = c.strides().iter().map(|&s| s as i64).collect();
+            let untrusted = Layout::from_untrusted(&as_i64, Some(&strides), 0, 4).unwrap();
+            assert_eq!(untrusted, c);
+            assert_eq!(Layout::from_untrusted(&as_i64, None, 0, 4).unwrap(), c);
+            let t = c.transposed();
+            let reversed: Vec<usize> = shape.iter().rev().copied().collect();
+            assert_eq!(t.shape(), &reversed[..]);
+            assert_eq!(t.strides()[0], 1);
+            assert_eq!(t.strides()[n - 1], c.strides()[0]);
+            assert!(!t.is_contiguous());
+            assert_eq!(t.transposed(), c);
+            let mut wide = vec![7usize];
+            wide.extend(&shape);
+            let b = c.broadcast_to(&wide).unwrap();
+            assert_eq!(b.shape(), &wide[..]);
+            assert_eq!(b.strides()[0], 0);
+            assert_eq!(&b.strides()[1..], c.strides());
+        }
+        // Negative extents are refused whatever the rank.
+        assert!(Layout::from_untrusted(&[2, -1], None, 0, 4).is_err());
+        assert!(Layout::from_untrusted(&[1, 1, 1, 1, 2, -1], None, 0, 4).is_err());
+    }
 
     #[test]
     fn order_by_first_puts_the_outputs_unit_stride_last() {

@@ -226,10 +226,7 @@ mod tests {
     #[test]
     fn every_promotable_pair_has_a_kernel() {
         // Zero-element plans run no loop but exercise the dispatch table.
-        let plan = Coalesced {
-            shape: vec![0],
-            strides: [vec![1], vec![1], vec![1]],
-        };
+        let plan = Coalesced::contiguous(0);
         let p = SendPtr(std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8);
         for a in DType::ALL {
             for b in DType::ALL {

@@ -56,10 +56,7 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) ->
         .iter()
         .all(|x| x.layout().is_contiguous())
     {
-        Coalesced {
-            shape: vec![out.numel()],
-            strides: [vec![1], vec![1], vec![1]],
-        }
+        Coalesced::contiguous(out.numel())
     } else {
         let (order, strides) =
             order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);

@@ -140,8 +140,12 @@ pub unsafe fn release(view: *mut ffi::Py_buffer) {
 /// A `Py_buffer` obtained from an exporter, released exactly once when dropped (from any
 /// thread: release re-attaches to the interpreter, and is skipped only after it has finalized).
 /// pyo3's own buffer type refuses the NULL shape that 0-d exporters (numpy scalars) hand over,
-/// so cubridge holds the raw view itself.
-struct HeldBuffer(Box<ffi::Py_buffer>);
+/// so cubridge holds the raw view itself, boxed once: the box is the view's keepalive.
+struct HeldBuffer {
+    view: ffi::Py_buffer,
+    /// Whether `view` was filled (and so must be released).
+    filled: bool,
+}
 
 // SAFETY: the exporter keeps the view's memory valid until release; release runs with the
 // interpreter attached whatever thread drops the holder.
@@ -151,7 +155,10 @@ unsafe impl Sync for HeldBuffer {}
 
 impl Drop for HeldBuffer {
     fn drop(&mut self) {
-        let view: *mut ffi::Py_buffer = &mut *self.0;
+        if !self.filled {
+            return;
+        }
+        let view: *mut ffi::Py_buffer = &mut self.view;
         // SAFETY: the view was filled by a successful PyObject_GetBuffer and is released once.
         let _ = Python::try_attach(|_| unsafe { ffi::PyBuffer_Release(view) });
     }
@@ -161,11 +168,14 @@ impl Drop for HeldBuffer {
 /// holds the buffer (and so the object) until the last array over it goes.
 pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
     let py = obj.py();
-    // SAFETY: Py_buffer is a plain C struct; all-zero is a valid "unfilled" state.
-    let mut raw: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
-    // SAFETY: `obj` is a live object and `raw` a writable Py_buffer; on success the view must be
-    // released, which the HeldBuffer below guarantees.
-    let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *raw, ffi::PyBUF_FULL_RO) };
+    let mut held = Box::new(HeldBuffer {
+        // SAFETY: Py_buffer is a plain C struct; all-zero is a valid "unfilled" state.
+        view: unsafe { std::mem::zeroed() },
+        filled: false,
+    });
+    // SAFETY: `obj` is a live object and `held.view` a writable Py_buffer that does not move
+    // (it is boxed); on success the view must be released, which dropping `held` does.
+    let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut held.view, ffi::PyBUF_FULL_RO) };
     if rc != 0 {
         let e = PyErr::fetch(py);
         return if e.is_instance_of::<PyTypeError>(py) {
@@ -174,8 +184,8 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
             Err(e)
         };
     }
-    let held = HeldBuffer(raw);
-    let v = &*held.0;
+    held.filled = true;
+    let v = &held.view;
     let ndim = usize::try_from(v.ndim).unwrap_or(usize::MAX);
     if ndim > crate::layout::MAX_NDIM {
         return Err(Error::invalid(format!("buffer ndim {} is out of range", v.ndim)).into());
@@ -204,54 +214,59 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
     if suboffsets.iter().any(|&o| o >= 0) {
         return Err(Error::invalid("indirect (PIL-style) buffers are not supported").into());
     }
-    let format = if v.format.is_null() {
-        "B".to_string()
+    let dtype = if v.format.is_null() {
+        DType::from_buffer_format("B", itemsize)?
     } else {
         // SAFETY: a non-NULL format is a NUL-terminated C string owned by the exporter.
-        unsafe { std::ffi::CStr::from_ptr(v.format) }
-            .to_string_lossy()
-            .into_owned()
+        let format = unsafe { std::ffi::CStr::from_ptr(v.format) };
+        match format.to_str() {
+            Ok(text) => DType::from_buffer_format(text, itemsize)?,
+            Err(_) => DType::from_buffer_format(&format.to_string_lossy(), itemsize)?,
+        }
     };
-    let dtype = DType::from_buffer_format(&format, itemsize)?;
-    let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
-    let strides = if v.strides.is_null() || ndim == 0 {
-        None
+    // Shape and element strides on the stack for up to 8 dimensions.
+    let (mut shape_buf, mut strides_buf) = ([0i64; 8], [0i64; 8]);
+    let (mut shape_heap, mut strides_heap) = (Vec::new(), Vec::new());
+    let (shape, strides): (&mut [i64], &mut [i64]) = if ndim <= 8 {
+        (&mut shape_buf[..ndim], &mut strides_buf[..ndim])
     } else {
+        shape_heap.resize(ndim, 0);
+        strides_heap.resize(ndim, 0);
+        (&mut shape_heap, &mut strides_heap)
+    };
+    for (to, &d) in shape.iter_mut().zip(dims) {
+        *to = d as i64;
+    }
+    let has_strides = !v.strides.is_null() && ndim > 0;
+    if has_strides {
         // SAFETY: see above.
         let bytes = unsafe { std::slice::from_raw_parts(v.strides, ndim) };
-        Some(
-            bytes
-                .iter()
-                .map(|&s| {
-                    if s % itemsize as isize != 0 {
-                        Err(Error::invalid(format!(
-                            "buffer stride {s} is not a multiple of the item size {itemsize}"
-                        )))
-                    } else {
-                        Ok((s / itemsize as isize) as i64)
-                    }
-                })
-                .collect::<Result<Vec<i64>, Error>>()?,
-        )
-    };
+        for (to, &s) in strides.iter_mut().zip(bytes) {
+            if s % itemsize as isize != 0 {
+                return Err(Error::invalid(format!(
+                    "buffer stride {s} is not a multiple of the item size {itemsize}"
+                ))
+                .into());
+            }
+            *to = (s / itemsize as isize) as i64;
+        }
+    }
     let descriptor = Descriptor {
         data: v.buf as usize,
         byte_offset: 0,
-        shape: &shape,
-        strides: strides.as_deref(),
+        shape,
+        strides: has_strides.then_some(&*strides),
         dtype,
         device: Device::Cpu,
         readonly: v.readonly != 0,
         // Without strides the buffer is C-contiguous and `len` bounds it exactly.
-        len_bytes: if strides.is_none() {
-            usize::try_from(v.len).ok()
-        } else {
+        len_bytes: if has_strides {
             None
+        } else {
+            usize::try_from(v.len).ok()
         },
     };
     // SAFETY: the exporter keeps the memory valid (and, for resizable objects, fixed) until the
     // view is released, which happens when the boxed HeldBuffer is dropped.
-    Ok(Some(unsafe {
-        from_descriptor(&descriptor, Box::new(held))?
-    }))
+    Ok(Some(unsafe { from_descriptor(&descriptor, held)? }))
 }

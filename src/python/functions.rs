@@ -1,7 +1,8 @@
 //! Module-level functions: creation, import, `add`, and `cubridge.cuda` queries.
 
 use super::import::{
-    default_dtype, exchanged, finish, from_sequence, import, python_scalar, widest, Exchanged,
+    default_dtype, exchanged, finish, from_sequence, import, is_numpy_ndarray, python_scalar,
+    widest, Exchanged,
 };
 use super::stream::Use;
 use super::types::PyArray;
@@ -225,12 +226,18 @@ pub fn add(
     // that stream below. Every other operand is imported with that stream as its consumer.
     // Python scalars have no exchange table (and looking for one costs a failed lookup).
     let (scalar_a, scalar_b) = (python_scalar(a)?, python_scalar(b)?);
-    let [mut ex_a, mut ex_b, mut ex_out] = [
-        Some(a).filter(|_| scalar_a.is_none()),
-        Some(b).filter(|_| scalar_b.is_none()),
-        out,
-    ]
-    .map(|o| o.and_then(exchanged));
+    // numpy arrays alone (the host path's common case) publish no table and no stream.
+    let numpy_only = is_numpy_ndarray(a) && is_numpy_ndarray(b) && out.is_none_or(is_numpy_ndarray);
+    let [mut ex_a, mut ex_b, mut ex_out] = if numpy_only {
+        [None, None, None]
+    } else {
+        [
+            Some(a).filter(|_| scalar_a.is_none()),
+            Some(b).filter(|_| scalar_b.is_none()),
+            out,
+        ]
+        .map(|o| o.and_then(exchanged))
+    };
     if let (Some(o), Some(_)) = (out, &ex_out) {
         // The table skips the refusal torch's __dlpack__ makes.
         super::operands::refuse_autograd_write(o, "out")?;

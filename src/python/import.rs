@@ -120,7 +120,7 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
 }
 
 /// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise).
-fn is_numpy_ndarray(obj: &Bound<'_, PyAny>) -> bool {
+pub fn is_numpy_ndarray(obj: &Bound<'_, PyAny>) -> bool {
     static NDARRAY: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
     let py = obj.py();
     let ty = obj.get_type();
@@ -202,7 +202,9 @@ pub struct Exchanged {
 /// anything else, and for a table export that fails, so that [`import`] gives the answer (its
 /// fallbacks, or its error).
 pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
-    if obj.cast::<PyArray>().is_ok() {
+    // cubridge's arrays need no table, and numpy's come in through the buffer protocol (host
+    // memory, no stream), which costs less than any table lookup.
+    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
         return None;
     }
     if !exchange_table_usable(obj) {
