@@ -107,6 +107,8 @@ def main():
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--out", default=".")
     p.add_argument("--no-cupy", action="store_true")
+    p.add_argument("--no-warm", action="store_true")
+    p.add_argument("--cases", help="comma-separated subset of the cases, e.g. int16+int16")
     args = p.parse_args()
     info = versions()
     print(header(info))
@@ -123,7 +125,10 @@ def main():
     )
     print(f"{'case':22} {'to launch':>22} {'to done':>22} {'transposed, to launch':>24}  goal")
     results = {}
+    chosen = args.cases.split(",") if args.cases else [c for c, _ in CASES]
     for case, common in CASES:
+        if case not in chosen:
+            continue
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as cache:
@@ -140,15 +145,17 @@ def main():
         )
     warm = []
     with tempfile.TemporaryDirectory() as cache:
-        child(CHILD, "int16+int16", {"CUBRIDGE_CACHE_DIR": cache})
-        for _ in range(args.runs):
+        if not args.no_warm:
+            child(CHILD, "int16+int16", {"CUBRIDGE_CACHE_DIR": cache})
+        for _ in range(0 if args.no_warm else args.runs):
             warm.append(child(CHILD, "int16+int16", {"CUBRIDGE_CACHE_DIR": cache}))
-    print(
-        f"{'int16+int16, warm':22} {fmt(stats(warm, 'launch')):>22} "
-        f"{fmt(stats(warm, 'done')):>22} {fmt(stats(warm, 't_launch')):>24}  "
-        "(a cache another process filled)",
-        flush=True,
-    )
+    if warm:
+        print(
+            f"{'int16+int16, warm':22} {fmt(stats(warm, 'launch')):>22} "
+            f"{fmt(stats(warm, 'done')):>22} {fmt(stats(warm, 't_launch')):>24}  "
+            "(a cache another process filled)",
+            flush=True,
+        )
     cupy_runs = {}
     if not args.no_cupy:
         for case in ("float32+float32", "float16+float32", "int16+int16"):

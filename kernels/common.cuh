@@ -2,10 +2,14 @@
 // the exact widening conversions and the addition of each dtype, the strided geometry, packs of
 // elements for aligned accesses, and the two ways add takes its second input. Each module is
 // this header, one kernel source (elementwise.cu, tiled.cu, gather.cu) and the `extern "C"`
-// wrappers the host appends per dtype (src/cuda/kernels.rs).
+// wrappers the host appends per dtype (src/cuda/kernels.rs). The host defines CB_HALF where a
+// float16 or bfloat16 operand needs their headers, which take a fifth of a small module's compile
+// time otherwise.
 
+#ifdef CB_HALF
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#endif
 
 #define CB_MAX_DIMS 8
 
@@ -16,6 +20,7 @@ struct c128 { double re, im; };
 template <typename R, typename T> struct Cvt {
     __device__ static R run(T x) { return static_cast<R>(x); }
 };
+#ifdef CB_HALF
 template <> struct Cvt<float, __half> {
     __device__ static float run(__half x) { return __half2float(x); }
 };
@@ -34,6 +39,7 @@ template <> struct Cvt<__half, __half> {
 template <> struct Cvt<__nv_bfloat16, __nv_bfloat16> {
     __device__ static __nv_bfloat16 run(__nv_bfloat16 x) { return x; }
 };
+#endif
 template <typename T> struct Cvt<c64, T> {
     __device__ static c64 run(T x) { return c64{Cvt<float, T>::run(x), 0.0f}; }
 };
@@ -66,6 +72,7 @@ CB_WRAPPING_ADD(signed char, unsigned char)
 CB_WRAPPING_ADD(short, unsigned short)
 CB_WRAPPING_ADD(int, unsigned int)
 CB_WRAPPING_ADD(long long, unsigned long long)
+#ifdef CB_HALF
 template <> struct Add<__half> {
     __device__ static __half run(__half a, __half b) {
         return __float2half_rn(__half2float(a) + __half2float(b));
@@ -76,6 +83,7 @@ template <> struct Add<__nv_bfloat16> {
         return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
     }
 };
+#endif
 template <> struct Add<c64> {
     __device__ static c64 run(c64 a, c64 b) { return c64{a.re + b.re, a.im + b.im}; }
 };

@@ -107,15 +107,32 @@ pub enum Second {
     Value,
 }
 
-/// The two parts of add's kernels for one dtype triple, each a module of its own for each index
-/// width, compiled on first use: the tiled kernel takes most of the compile time and only
-/// transposed layouts need it, and the 64-bit variants only arrays past 2^31 elements.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-enum AddPart {
-    /// Contiguous, vector and strided.
-    Flat,
-    /// Tiled.
+/// Add's kernels for one dtype triple, each a module of its own for each index width, compiled
+/// on first use: a first call compiles only the kernel it launches (the tiled kernel, which
+/// takes most of the compile time, only for transposed layouts; the 64-bit variants only for
+/// arrays past 2^31 elements).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum AddPart {
+    /// One element per access, any alignment.
+    Contiguous,
+    /// [`vector_width`] elements per aligned access.
+    Vector,
+    /// Any strides.
+    Strided,
+    /// 2-D, with a transposed input, through shared-memory tiles.
     Tiled,
+}
+
+impl AddPart {
+    /// Every part.
+    pub const ALL: [AddPart; 4] = [
+        AddPart::Contiguous,
+        AddPart::Vector,
+        AddPart::Strided,
+        AddPart::Tiled,
+    ];
+    /// The flat kernels (what [`add`] serves).
+    pub const FLAT: [AddPart; 3] = [AddPart::Contiguous, AddPart::Vector, AddPart::Strided];
 }
 
 /// Loaded functions (`CUfunction` addresses, in the order asked for) by device and module. Modules
@@ -219,11 +236,13 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     Ok(found)
 }
 
-/// A program of cubridge's own: the common header, one kernel source `part`, and `wrappers`.
-fn own(name: String, part: &str, wrappers: String, functions: &[&str]) -> Program {
+/// A program of cubridge's own: the common header, one kernel source `part`, and `wrappers`;
+/// `half` where a float16 or bfloat16 operand needs their headers.
+fn own(name: String, half: bool, part: &str, wrappers: String, functions: &[&str]) -> Program {
+    let define = if half { "#define CB_HALF\n" } else { "" };
     Program {
         name,
-        source: format!("{COMMON}\n{part}\n{wrappers}"),
+        source: format!("{define}{COMMON}\n{part}\n{wrappers}"),
         options: Vec::new(),
         functions: functions.iter().map(|f| f.to_string()).collect(),
     }
@@ -256,40 +275,25 @@ pub enum Index {
     I64,
 }
 
-/// The add kernels of one dtype triple, one index width and one device, but the tiled one
-/// ([`add_tiled`]).
-pub struct AddKernels {
-    /// One element per access, any alignment.
-    pub contiguous: sys::CUfunction,
-    /// `width` elements per aligned access; `width` is 1 when no wider access helps.
-    pub vector: sys::CUfunction,
-    /// Elements per access of `vector`.
-    pub width: usize,
-    /// Any strides.
-    pub strided: sys::CUfunction,
-}
-
 /// Elements per 16-byte access of the widest operand (1 for 16-byte elements).
 pub fn vector_width(a: DType, b: DType, r: DType) -> usize {
     let widest = a.itemsize().max(b.itemsize()).max(r.itemsize());
     (16 / widest).max(1)
 }
 
-/// The add kernels for inputs `a`, `b` and result `r` on `ordinal`, in the `index` width. With
-/// [`Second::Value`], b is one value of dtype `b` (which then equals `a` and `r`).
+/// One of add's flat kernels ([`AddPart::Contiguous`], [`AddPart::Vector`] or
+/// [`AddPart::Strided`]) for inputs `a`, `b` and result `r` on `ordinal`, in the `index` width.
+/// With [`Second::Value`], b is one value of dtype `b` (which then equals `a` and `r`).
 pub fn add(
     ordinal: u32,
-    [a, b, r]: [DType; 3],
+    dtypes: [DType; 3],
     second: Second,
     index: Index,
-) -> Result<AddKernels> {
-    let f = add_module(ordinal, [a, b, r], second, AddPart::Flat, index)?;
-    Ok(AddKernels {
-        contiguous: f[0] as sys::CUfunction,
-        vector: f[1] as sys::CUfunction,
-        width: vector_width(a, b, r),
-        strided: f[2] as sys::CUfunction,
-    })
+    part: AddPart,
+) -> Result<sys::CUfunction> {
+    debug_assert!(part != AddPart::Tiled, "add_tiled serves the tiled kernel");
+    let f = add_module(ordinal, dtypes, second, part, index)?;
+    Ok(f[0] as sys::CUfunction)
 }
 
 /// The tiled add kernel (2-D, with a transposed input, through shared-memory tiles).
@@ -359,16 +363,26 @@ fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Inde
         Index::I64 => ("64", "long long", "long long", 3),
     };
     let (wrappers, names): (String, &[&str]) = match part {
-        AddPart::Flat => (
+        AddPart::Contiguous => (
             format!(
                 "extern \"C\" __global__ void cb_add_contiguous({tr}* o, const {ta}* a, \
-                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, {b_arg}, n); }}\n\
-                 extern \"C\" __global__ void cb_add_vector({tr}* o, const {ta}* a, \
-                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, {b_arg}, n); }}\n\
-                 extern \"C\" __global__ void cb_add_strided({tr}* o, const {ta}* a, \
+                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, {b_arg}, n); }}\n"
+            ),
+            &["cb_add_contiguous"],
+        ),
+        AddPart::Vector => (
+            format!(
+                "extern \"C\" __global__ void cb_add_vector({tr}* o, const {ta}* a, \
+                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, {b_arg}, n); }}\n"
+            ),
+            &["cb_add_vector"],
+        ),
+        AddPart::Strided => (
+            format!(
+                "extern \"C\" __global__ void cb_add_strided({tr}* o, const {ta}* a, \
                  {b_param}, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, {b_arg}, n, g); }}\n"
             ),
-            &["cb_add_contiguous", "cb_add_vector", "cb_add_strided"],
+            &["cb_add_strided"],
         ),
         AddPart::Tiled => (
             format!(
@@ -382,14 +396,19 @@ fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Inde
         ),
     };
     let (source, label) = match part {
-        AddPart::Flat => (FLAT, ""),
+        AddPart::Contiguous => (FLAT, "_contiguous"),
+        AddPart::Vector => (FLAT, "_vector"),
+        AddPart::Strided => (FLAT, "_strided"),
         AddPart::Tiled => (TILED, "_tiled"),
     };
     let key = match second {
         Second::Array => format!("add_{a}_{b}_{r}{label}_{suffix}"),
         Second::Value => format!("add_scalar_{a}{label}_{suffix}"),
     };
-    own(key, source, wrappers, names)
+    let half = [a, b, r]
+        .iter()
+        .any(|d| matches!(d, DType::Float16 | DType::BFloat16));
+    own(key, half, source, wrappers, names)
 }
 
 /// The strided gather kernel for `dtype` on `ordinal`.
@@ -405,7 +424,14 @@ fn gather_program(dtype: DType) -> Program {
         "extern \"C\" __global__ void cb_gather({t}* o, const {t}* s, long long n, \
          Geometry g) {{ gather<{t}>(o, s, n, g); }}\n"
     );
-    own(format!("gather_{dtype}"), GATHER, wrappers, &["cb_gather"])
+    let half = matches!(dtype, DType::Float16 | DType::BFloat16);
+    own(
+        format!("gather_{dtype}"),
+        half,
+        GATHER,
+        wrappers,
+        &["cb_gather"],
+    )
 }
 
 /// The dtypes whose add (same dtype on both sides, array or scalar second input) and gather
@@ -440,11 +466,13 @@ pub fn shipped_programs() -> Vec<Program> {
         .map(|&d| [d, d, d])
         .chain(SHIPPED_PAIRS.iter().map(|&(a, b)| [a, b, DType::Float32]));
     for t in triples {
-        for part in [AddPart::Flat, AddPart::Tiled] {
+        for part in AddPart::ALL {
             programs.push(add_program(t, Second::Array, part, Index::I32));
         }
         if t[0] == t[1] {
-            programs.push(add_program(t, Second::Value, AddPart::Flat, Index::I32));
+            for part in AddPart::FLAT {
+                programs.push(add_program(t, Second::Value, part, Index::I32));
+            }
         }
     }
     programs.extend(SHIPPED_DTYPES.iter().map(|&d| gather_program(d)));
@@ -510,13 +538,15 @@ mod compile_tests {
         }
         let mut programs = Vec::new();
         for t in triples {
-            for part in [AddPart::Flat, AddPart::Tiled] {
+            for part in AddPart::ALL {
                 for index in [Index::I32, Index::I64] {
                     programs.push(add_program(t, Second::Array, part, index));
                 }
             }
             if t[0] == t[1] {
-                programs.push(add_program(t, Second::Value, AddPart::Flat, Index::I32));
+                for part in AddPart::FLAT {
+                    programs.push(add_program(t, Second::Value, part, Index::I32));
+                }
             }
         }
         programs.extend(DType::ALL.iter().map(|&d| gather_program(d)));

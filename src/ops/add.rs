@@ -4,6 +4,7 @@
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
+use crate::cuda::kernels::AddPart;
 use crate::cuda::stream::Stream;
 use crate::cuda::{kernels, launch, stream as cuda_stream};
 use crate::device::Device;
@@ -235,8 +236,8 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     // rather than a size to cap at what the device keeps resident.
     let (used, function, grid, block, whole) = match &plan {
         None => {
-            let kernels = kernels::add(ordinal, dtypes, second, index)?;
-            let width = kernels.width;
+            let [da, db, dr] = dtypes;
+            let width = kernels::vector_width(da, db, dr);
             let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b_dtype)]
                 .iter()
                 .all(|&(p, d)| (p as usize) % (width * d.itemsize()) == 0);
@@ -245,10 +246,12 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
                 // One chunk per block: a grid of short-lived blocks streams better than a
                 // resident grid-stride loop (the kernel still loops if the grid is capped).
                 let chunks = (n / width).div_ceil(block as usize * kernels::UNROLL);
-                (4, kernels.vector, chunks, (block, 1), true)
+                let vector = kernels::add(ordinal, dtypes, second, index, AddPart::Vector)?;
+                (4, vector, chunks, (block, 1), true)
             } else {
                 let blocks = n.div_ceil(block as usize);
-                (4, kernels.contiguous, blocks, (block, 1), false)
+                let contiguous = kernels::add(ordinal, dtypes, second, index, AddPart::Contiguous)?;
+                (4, contiguous, blocks, (block, 1), false)
             }
         }
         Some(plan) => {
@@ -281,7 +284,7 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
                 params[3] = count;
                 params[4] = (&mut geometry as *mut kernels::Geometry).cast();
                 let blocks = n.div_ceil(block as usize);
-                let strided = kernels::add(ordinal, dtypes, second, index)?.strided;
+                let strided = kernels::add(ordinal, dtypes, second, index, AddPart::Strided)?;
                 (5, strided, blocks, (block, 1), false)
             }
         }
