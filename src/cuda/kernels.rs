@@ -291,7 +291,11 @@ pub fn add(
     index: Index,
     part: AddPart,
 ) -> Result<sys::CUfunction> {
-    debug_assert!(part != AddPart::Tiled, "add_tiled serves the tiled kernel");
+    if part == AddPart::Tiled {
+        return Err(crate::Error::invalid(
+            "kernels::add serves the flat kernels; the tiled one is kernels::add_tiled",
+        ));
+    }
     let f = add_module(ordinal, dtypes, second, part, index)?;
     Ok(f[0] as sys::CUfunction)
 }

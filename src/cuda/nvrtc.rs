@@ -1,9 +1,8 @@
 //! NVRTC: finding the library (a CUDA toolkit, or the pip packages that PyTorch and CuPy wheels
 //! install), compiling CUDA C++ to machine code for the device at hand (PTX where NVRTC does not
 //! know the device), and caching that on disk so a new process does not run NVRTC again. The
-//! disk cache lives in
-//! `$CUBRIDGE_CACHE_DIR`, else `$XDG_CACHE_HOME/cubridge`, else `~/.cache/cubridge`;
-//! `CUBRIDGE_NVRTC=0` switches run-time compilation off.
+//! disk cache lives in `$CUBRIDGE_CACHE_DIR`, else `$XDG_CACHE_HOME/cubridge`, else
+//! `~/.cache/cubridge`; `CUBRIDGE_NVRTC=0` switches run-time compilation off.
 
 use crate::error::{Error, Result};
 use cudarc::nvrtc::{result, sys};
