@@ -127,13 +127,7 @@ fn c_strides_dims(shape: &[usize]) -> Dims<isize> {
 
 /// Row-major (C order) strides for `shape`, in elements.
 pub fn c_strides(shape: &[usize]) -> Vec<isize> {
-    let mut strides = vec![0isize; shape.len()];
-    let mut acc: isize = 1;
-    for (stride, &dim) in strides.iter_mut().zip(shape).rev() {
-        *stride = acc;
-        acc = acc.saturating_mul(dim.max(1) as isize);
-    }
-    strides
+    c_strides_dims(shape).to_vec()
 }
 
 /// Refuses more dimensions than DLPack consumers and cubridge's kernels take.

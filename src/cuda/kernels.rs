@@ -236,6 +236,11 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     Ok(found)
 }
 
+/// Whether `dtype` needs the float16/bfloat16 headers (`CB_HALF` in `common.cuh`).
+fn is_half(dtype: DType) -> bool {
+    matches!(dtype, DType::Float16 | DType::BFloat16)
+}
+
 /// A program of cubridge's own: the common header, one kernel source `part`, and `wrappers`;
 /// `half` where a float16 or bfloat16 operand needs their headers.
 fn own(name: String, half: bool, part: &str, wrappers: String, functions: &[&str]) -> Program {
@@ -409,10 +414,13 @@ fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Inde
         Second::Array => format!("add_{a}_{b}_{r}{label}_{suffix}"),
         Second::Value => format!("add_scalar_{a}{label}_{suffix}"),
     };
-    let half = [a, b, r]
-        .iter()
-        .any(|d| matches!(d, DType::Float16 | DType::BFloat16));
-    own(key, half, source, wrappers, names)
+    own(
+        key,
+        [a, b, r].iter().any(|&d| is_half(d)),
+        source,
+        wrappers,
+        names,
+    )
 }
 
 /// The strided gather kernel for `dtype` on `ordinal`.
@@ -428,10 +436,9 @@ fn gather_program(dtype: DType) -> Program {
         "extern \"C\" __global__ void cb_gather({t}* o, const {t}* s, long long n, \
          Geometry g) {{ gather<{t}>(o, s, n, g); }}\n"
     );
-    let half = matches!(dtype, DType::Float16 | DType::BFloat16);
     own(
         format!("gather_{dtype}"),
-        half,
+        is_half(dtype),
         GATHER,
         wrappers,
         &["cb_gather"],
