@@ -4,6 +4,7 @@ wait on the host yet are ordered after every stream a consumer declared, giving 
 marked ``cuda`` and skip without a GPU; every value is checked against torch or numpy."""
 
 import gc
+import json
 import os
 import threading
 import time
@@ -11,7 +12,7 @@ import time
 import cubridge as cb
 import numpy as np
 import pytest
-from conftest import _try_import, torch
+from conftest import _try_import, run_child, torch
 
 cupy = _try_import("cupy")
 
@@ -229,6 +230,55 @@ def test_allocating_adds_and_zeros_keep_memory_flat_and_empty_cache_gives_it_bac
     assert during["reserved_bytes"] < 256 << 20, during  # reused, not grown per call
     assert abs(cb.cuda.mem_info()[0] - free0) < (32 << 20)
     assert (rss1 - rss0) * page < (8 << 20), f"RSS grew {(rss1 - rss0) * page} bytes"
+
+
+_FIRST_ALLOCATIONS_CHILD = r"""
+import gc, json, time, torch, cubridge as cb
+n = 1 << 20
+a = torch.arange(n, dtype=torch.float32, device="cuda")
+b = torch.full((n,), 0.5, device="cuda")
+torch.cuda.synchronize()
+first = cb.add(a, b)
+at_first = cb.cuda.memory_stats()
+kept, calls, t0 = [first], 0, time.perf_counter()
+# Allocate well past the pool's set-up (milliseconds), keeping some results across it.
+while time.perf_counter() - t0 < 0.2 or calls < 50:
+    c = cb.add(a, b)
+    z = cb.zeros(n, device="cuda")
+    e = cb.empty(n, device="cuda")
+    if calls % 10 == 0:
+        kept.append(c)
+    calls += 1
+torch.cuda.synchronize()
+want = a + b
+ok = all(torch.equal(torch.from_dlpack(k), want) for k in kept)
+ok = ok and torch.equal(torch.from_dlpack(z), torch.zeros(n, device="cuda"))
+del c, z, e, kept, first
+gc.collect()
+cb.cuda.empty_cache()
+after = cb.cuda.memory_stats()
+late = cb.add(a, b)
+at_late = cb.cuda.memory_stats()
+ok = ok and torch.equal(torch.from_dlpack(late), want)
+print(json.dumps(dict(ok=ok, calls=calls, at_first=at_first, after=after, at_late=at_late)))
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_first_allocations_of_a_process_come_from_outside_the_pool_while_it_sets_up():
+    """A process's first pool allocation costs the driver milliseconds, so cubridge makes it on a
+    thread of its own and answers the first allocations with cuMemAlloc meanwhile. In a new
+    process: the first result is not pool memory, every result across the switch equals torch's,
+    all of it is given back, and a later result comes from the pool."""
+    done = run_child(_FIRST_ALLOCATIONS_CHILD)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    nbytes = 4 << 20
+    assert out["ok"], out
+    assert out["at_first"]["allocated_bytes"] == nbytes, out
+    assert out["at_first"]["pool_used_bytes"] < nbytes, out  # the first result: cuMemAlloc
+    assert out["after"]["allocated_bytes"] == 0, out
+    assert out["at_late"]["pool_used_bytes"] >= nbytes, out  # set up: from the pool
 
 
 @pytest.mark.cuda

@@ -106,7 +106,7 @@ fn ordered_free(ptr: u64, ordinal: u32, uses: &Uses) -> Result<()> {
 }
 
 /// cubridge's stream for frees on device `ordinal`, created on first use and kept.
-fn free_stream(ordinal: u32) -> Result<Stream> {
+pub(super) fn free_stream(ordinal: u32) -> Result<Stream> {
     static STREAMS: Mutex<Vec<Option<Stream>>> = Mutex::new(Vec::new());
     context::per_device(&STREAMS, ordinal, || stream::create(ordinal))
 }

@@ -8,6 +8,12 @@
 //! without driver round trips instead of being handed back at every synchronize. Freeing is
 //! stream-ordered too and never waits on the host: see [`super::free`]. A device without pool
 //! support falls back to `cuMemAlloc` and a synchronous `cuMemFree` (on a background thread).
+//!
+//! A process's first allocation from a pool costs the driver 7 to 12 ms (an H100 with torch
+//! initialised; later ones take microseconds), which would be most of a first `add`'s time. So
+//! the first lookup of a device's pool starts that first allocation on a thread of its own, and
+//! until it has finished, allocations on that device come from `cuMemAlloc` (0.2 to 0.3 ms for
+//! the first, less after), freed like those of a device without pools.
 
 use super::free::{self, Uses};
 use super::stream::{Stream, LEGACY};
@@ -89,7 +95,49 @@ fn find_pool(ordinal: u32) -> Result<Option<usize>> {
         )
     };
     check(raised, "raising the memory pool's release threshold")?;
+    warm(ordinal, pool);
     Ok(Some(pool as usize))
+}
+
+/// Bit `n` is set while the pool of device `n` makes its first allocation on the warming thread
+/// (devices from 64 on are not warmed: their first allocation pays the set-up itself).
+static WARMING: AtomicU64 = AtomicU64::new(0);
+
+fn warming(ordinal: u32) -> bool {
+    ordinal < 64 && WARMING.load(Ordering::Acquire) & (1 << ordinal) != 0
+}
+
+/// Starts the pool's first allocation (and its free) on a thread of its own. Whatever happens
+/// there, the bit is cleared when it ends, and allocations go to the pool from then on.
+fn warm(ordinal: u32, pool: sys::CUmemoryPool) {
+    if ordinal >= 64 {
+        return;
+    }
+    let bit = 1u64 << ordinal;
+    WARMING.fetch_or(bit, Ordering::AcqRel);
+    let pool = pool as usize;
+    let spawned = std::thread::Builder::new()
+        .name("cubridge-pool".into())
+        .spawn(move || {
+            // Its calls are on a stream of cubridge's, outside any capture another thread runs.
+            let _relaxed = super::stream::RelaxedCapture::new();
+            let _ = first_allocation(ordinal, pool as sys::CUmemoryPool);
+            WARMING.fetch_and(!bit, Ordering::AcqRel);
+        });
+    if spawned.is_err() {
+        WARMING.fetch_and(!bit, Ordering::AcqRel);
+    }
+}
+
+fn first_allocation(ordinal: u32, pool: sys::CUmemoryPool) -> Result<()> {
+    context::bind(ordinal)?;
+    let stream = free::free_stream(ordinal)?;
+    // SAFETY: a live pool of this device and a live stream of its (now current) context.
+    let ptr = unsafe { result::mem_pool::alloc_async(pool, 256, stream.handle()) };
+    let ptr = check(ptr, "allocating device memory")?;
+    // SAFETY: the block just allocated on `stream`, used by nothing, freed once, on that stream.
+    let r = unsafe { sys::cuMemFreeAsync(ptr, stream.handle()) };
+    check(r.result(), "freeing device memory")
 }
 
 /// Bytes cubridge holds on each device (allocated and not yet handed back), and the most it
@@ -245,7 +293,8 @@ impl CudaAlloc {
             return Ok(CudaAlloc::new(0, 0, kind));
         }
         let device = Device::Cuda(ordinal);
-        let pool = pool(ordinal)?;
+        // While the pool's set-up runs on its thread, `cuMemAlloc` answers at once.
+        let pool = pool(ordinal)?.filter(|_| !warming(ordinal));
         let handle = stream.handle();
         let ptr = with_retries(ordinal, || match pool {
             // SAFETY: a live pool of this device; `handle` is a live stream of the current
