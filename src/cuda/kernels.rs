@@ -242,13 +242,16 @@ fn is_half(dtype: DType) -> bool {
 }
 
 /// A program of cubridge's own: the common header, one kernel source `part`, and `wrappers`;
-/// `half` where a float16 or bfloat16 operand needs their headers.
+/// `half` where a float16 or bfloat16 operand needs their headers. Compiled with NVRTC's
+/// `-minimal`, which leaves out what these kernels never use (textures, device-side launches,
+/// the runtime's types): the same machine code, 5 to 30 ms sooner per module on the
+/// development machine.
 fn own(name: String, half: bool, part: &str, wrappers: String, functions: &[&str]) -> Program {
     let define = if half { "#define CB_HALF\n" } else { "" };
     Program {
         name,
         source: format!("{define}{COMMON}\n{part}\n{wrappers}"),
-        options: Vec::new(),
+        options: vec![nvrtc::MINIMAL.to_string()],
         functions: functions.iter().map(|f| f.to_string()).collect(),
     }
 }
