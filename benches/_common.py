@@ -79,6 +79,15 @@ def header(info):
     return "\n".join(f"{k}: {v}" for k, v in info.items())
 
 
+def start(parser):
+    """Parses a benchmark's arguments and prints the machine and library versions it runs
+    with; returns (args, versions)."""
+    args = parser.parse_args()
+    info = versions()
+    print(header(info))
+    return args, info
+
+
 class GpuTimer:
     """Times one call on the current torch stream with CUDA events. Before the start event the
     stream is kept busy by a spin kernel, so the host queues the call while the GPU is still

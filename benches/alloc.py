@@ -19,7 +19,7 @@ import time
 import cubridge as cb
 import cupy as cp
 import torch
-from _common import calls_for, header, interleaved, save_json, versions
+from _common import calls_for, interleaved, save_json, start
 
 
 def allocating_add(results):
@@ -234,11 +234,9 @@ def host_blocking(results):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benches/results")
-    args = p.parse_args()
-    info = versions()
-    print(header(info))
+    args, info = start(p)
     results = {"add": [], "chain": [], "creation": [], "blocking": []}
     allocating_add(results["add"])
     chain(results["chain"])

@@ -15,7 +15,7 @@ import os
 import cubridge as cb
 import cupy as cp
 import torch
-from _common import GpuTimer, header, plot, save_json, versions
+from _common import GpuTimer, plot, save_json, start
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -47,9 +47,7 @@ def main():
     p.add_argument("--step", type=int, default=2)
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--out", default=".")
-    args = p.parse_args()
-    info = versions()
-    print(header(info))
+    args, info = start(p)
     timer = GpuTimer(torch)
     rows, series = [], {}
     print(

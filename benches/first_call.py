@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from _common import header, save_json, versions
+from _common import save_json, start
 
 # (case, common): the common cases are the ones whose goal is 5 ms.
 CASES = [
@@ -109,9 +109,7 @@ def main():
     p.add_argument("--no-cupy", action="store_true")
     p.add_argument("--no-warm", action="store_true")
     p.add_argument("--cases", help="comma-separated subset of the cases, e.g. int16+int16")
-    args = p.parse_args()
-    info = versions()
-    print(header(info))
+    args, info = start(p)
     try:
         import cubridge as cb
 

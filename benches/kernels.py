@@ -19,7 +19,7 @@ import os
 import cubridge as cb
 import cupy as cp
 import torch
-from _common import calls_for, header, interleaved, save_json, versions
+from _common import calls_for, interleaved, save_json, start
 
 OP = "z = (T)(a * (float)x + (float)y)"
 CB = cb.ElementwiseKernel("T x, T y, float32 a", "T z", OP, "bench_axpy")
@@ -43,11 +43,9 @@ def peers(mode, a, x, y, out, cx, cy, cout):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benches/results")
-    args = p.parse_args()
-    info = versions()
-    print(header(info))
+    args, info = start(p)
     a = 2.5
     rows = []
     print(

@@ -20,7 +20,7 @@ import cubridge as cb
 import cupy as cp
 import torch
 import torch.utils.dlpack
-from _common import header, interleaved, plot, save_json, versions
+from _common import interleaved, plot, save_json, start
 
 
 def per_call(fn, calls):
@@ -75,9 +75,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=20_000)
     p.add_argument("--out", default=".")
-    args = p.parse_args()
-    info = versions()
-    print(header(info))
+    args, info = start(p)
     n = args.calls
 
     a = torch.randn(1024, device="cuda")
