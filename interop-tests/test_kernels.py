@@ -180,6 +180,29 @@ def test_raw_parameters_index_and_size():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_the_index_counts_c_order_whatever_the_layouts():
+    # `i` is the element's C-order position in the loop's shape, as in CuPy, also when the
+    # output is a transposed view and the inputs are Fortran-ordered (a loop that followed the
+    # output's memory order would count otherwise).
+    pos = cb.ElementwiseKernel("T x", "T z", "z = x + (T)(i * 1000)", "with_index")
+    x = torch.arange(12.0, device="cuda").reshape(4, 3).T  # (3, 4), Fortran-ordered
+    z = torch.empty(4, 3, device="cuda").T  # (3, 4), transposed view
+    assert pos(x, out=z) is z
+    want = x.cpu().numpy() + 1000 * np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(z.cpu().numpy(), want)
+    # Without `i`, the same kernel over the same layouts (the loop may follow memory order).
+    plain = cb.ElementwiseKernel("T x", "T z", "z = x + (T)1000", "without_index")
+    assert plain(x, out=z) is z
+    np.testing.assert_array_equal(z.cpu().numpy(), x.cpu().numpy() + 1000)
+    # A raw array read at `i` into a transposed output.
+    gather = cb.ElementwiseKernel("raw T w, T x", "T z", "z = w[i] + x", "gather_index")
+    w = torch.arange(12.0, device="cuda")
+    gather(w, torch.zeros(3, 4, device="cuda"), out=z)
+    np.testing.assert_array_equal(z.cpu().numpy(), np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_two_outputs_scalars_and_type_binding():
     k = cb.ElementwiseKernel("T x, T s", "T p, float64 q", "p = x * s; q = (double)x + s", "two")
     x = torch.arange(6, dtype=torch.int32, device="cuda")

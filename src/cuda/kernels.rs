@@ -507,7 +507,14 @@ pub fn grid(ordinal: u32, wanted: usize, block: u32) -> Result<u32> {
 impl Geometry {
     /// The kernel geometry of a coalesced plan (operand order as the plan's).
     pub fn from_plan<const N: usize>(plan: &crate::layout::Coalesced<N>) -> Result<Geometry> {
-        let ndim = plan.shape.len();
+        let strides: Vec<&[isize]> = plan.strides.iter().map(|s| &s[..]).collect();
+        Geometry::new(&plan.shape, &strides)
+    }
+
+    /// The kernel geometry of a merged `shape` and up to three operands' strides over it (an
+    /// operand left out has stride 0: a value).
+    pub fn new(shape: &[usize], strides: &[&[isize]]) -> Result<Geometry> {
+        let ndim = shape.len();
         if ndim > MAX_DIMS {
             return Err(crate::Error::invalid(format!(
                 "the CUDA kernels take at most {MAX_DIMS} dimensions after merging contiguous \
@@ -519,9 +526,9 @@ impl Geometry {
             ..Default::default()
         };
         for d in 0..ndim {
-            g.shape[d] = plan.shape[d] as i64;
-            for k in 0..N.min(3) {
-                g.stride[k][d] = plan.strides[k][d] as i64;
+            g.shape[d] = shape[d] as i64;
+            for (k, s) in strides.iter().take(3).enumerate() {
+                g.stride[k][d] = s[d] as i64;
             }
         }
         Ok(g)

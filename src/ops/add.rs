@@ -10,8 +10,9 @@ use crate::cuda::{kernels, launch, stream as cuda_stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{shape_str, Error, Result};
-use crate::layout::{broadcast_shapes, coalesce, order_by_first, Coalesced};
+use crate::layout::broadcast_shapes;
 use crate::ops::launch::Launch;
+use crate::ops::plan::{Operand, Plan, Variant};
 use std::borrow::Cow;
 use std::ffi::c_void;
 
@@ -51,18 +52,8 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) ->
     if let Some(launch) = launch {
         return add_cuda(launch, &a_b, Second::Array(&b_b), out);
     }
-    // All three C-contiguous over one shape (the common case) is one run; anything else is
-    // reordered and merged first.
-    let plan = if [&out, &*a_b, &*b_b]
-        .iter()
-        .all(|x| x.layout().is_contiguous())
-    {
-        Coalesced::contiguous(out.numel())
-    } else {
-        let (order, strides) =
-            order_by_first(&shape, [out.strides(), a_b.strides(), b_b.strides()]);
-        coalesce(&order, [&strides[0], &strides[1], &strides[2]])
-    };
+    let operands = [operand(&out), operand(&a_b), operand(&b_b)];
+    let plan = Plan::new(&shape, out.numel(), &operands, Some(0), 1, false).coalesced::<3>();
     // SAFETY: all three arrays are host-accessible and their layouts were validated against
     // their buffers when they were made; `out` is writable (checked) and overlaps an input only
     // exactly (checked); dtypes are the promoted triple.
@@ -125,39 +116,32 @@ fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
     })
 }
 
-/// Whether every index and element offset of `plan` over `n` elements fits the 32-bit kernels.
-fn fits_32_bits<const N: usize>(plan: &Coalesced<N>, n: usize) -> bool {
-    let strides: Vec<&[isize]> = plan.strides.iter().map(|s| &s[..]).collect();
-    kernels::fits_32_bits(n, &plan.shape, &strides)
-}
-
-/// Which inputs of a 2-D plan are transposed views (unit stride along rows, a real stride along
-/// cols) while out runs along cols: bit 0 for a, bit 1 for b. 0 when the tiled kernel does not
-/// apply.
-fn transposed_inputs(plan: &Coalesced<3>) -> i32 {
-    if plan.shape.len() != 2 || plan.strides[0][1] != 1 || plan.shape.iter().any(|&e| e < 2) {
-        return 0;
-    }
-    let transposed = |s: &[isize]| s[0] == 1 && s[1].unsigned_abs() > 1;
-    i32::from(transposed(&plan.strides[1])) | (i32::from(transposed(&plan.strides[2])) << 1)
-}
-
 /// Whether the tiled kernel of 2-byte elements may move pairs: every pair it reads or writes
 /// is 4-byte aligned. That needs aligned pointers (a null one is a value, read from the kernel
 /// parameters), even strides across for out and the tiled inputs (whose stride along rows is 1),
-/// and unit stride along cols with an even stride across for an input read in place.
-fn pairs_fit(plan: &Coalesced<3>, tile: i32, pointers: [*mut u8; 3]) -> bool {
+/// and unit stride along cols with an even stride across for an input read in place. `strides`
+/// are the merged plan's (out, a, and b unless it is a value); `tile` the mask of tiled inputs
+/// (bit 0: a, bit 1: b).
+fn pairs_fit(strides: &[Vec<isize>], tile: i32, pointers: [*mut u8; 3]) -> bool {
     let even = |s: isize| s % 2 == 0;
     pointers.iter().all(|&p| (p as usize) % 4 == 0)
-        && even(plan.strides[0][0])
-        && [1, 2].into_iter().all(|k| {
-            let s = &plan.strides[k];
-            if tile & k as i32 != 0 {
-                even(s[1])
-            } else {
-                pointers[k].is_null() || (s[1] == 1 && even(s[0]))
-            }
+        && even(strides[0][0])
+        && [1, 2].into_iter().all(|k| match strides.get(k) {
+            None => pointers[k].is_null(),
+            Some(_) if pointers[k].is_null() => true,
+            Some(s) if tile & k as i32 != 0 => even(s[1]),
+            Some(s) => s[1] == 1 && even(s[0]),
         })
+}
+
+/// `x` as the loop plan sees it.
+fn operand(x: &Array) -> Operand<'_> {
+    Operand {
+        strides: x.strides(),
+        contiguous: x.layout().is_contiguous(),
+        address: x.data_ptr() as usize,
+        itemsize: x.dtype().itemsize(),
+    }
 }
 
 fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
@@ -169,25 +153,15 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     let inputs: Vec<&Array> = [Some(a), b_array].into_iter().flatten().collect();
     launch.order(&[&inputs[..], &[&out]].concat())?;
     let n = out.numel();
-    // Operands that are all C-contiguous over one shape (the common case) are one flat run;
-    // anything else is reordered and coalesced first. A value reads as stride 0 everywhere.
-    let contiguous = [Some(a), b_array, Some(&out)]
-        .into_iter()
-        .flatten()
-        .all(|x| x.layout().is_contiguous());
-    let plan = if contiguous {
-        None
-    } else {
-        let zeros = vec![0; out.shape().len()];
-        let b_strides = b_array.map_or(&zeros[..], |b| b.strides());
-        let (shape, strides) = order_by_first(out.shape(), [out.strides(), a.strides(), b_strides]);
-        let plan = coalesce(&shape, [&strides[0], &strides[1], &strides[2]]);
-        let unit = |k: usize| plan.strides[k][0] == 1;
-        let flat = plan.shape.len() == 1 && unit(0) && unit(1) && (b_array.is_none() || unit(2));
-        (!flat).then_some(plan)
-    };
     // A value has the result's dtype (add_scalar).
     let b_dtype = b_array.map_or(out.dtype(), |b| b.dtype());
+    let dtypes = [a.dtype(), b_dtype, out.dtype()];
+    // The loop's operands, led by out: out, a, and b unless it is a value (passed among the
+    // parameters, stride 0 everywhere).
+    let operands = [operand(&out), operand(a), operand(b_array.unwrap_or(a))];
+    let walked = if b_array.is_some() { 3 } else { 2 };
+    let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
+    let plan = Plan::new(out.shape(), n, &operands[..walked], Some(0), width, true);
     let (second, mut pb, mut value) = match b {
         Second::Array(b) => (kernels::Second::Array, b.data_ptr(), None),
         Second::Value(v) => (
@@ -196,12 +170,7 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
             Some(crate::cpu::copy::ElementBytes::new(out.dtype(), v)),
         ),
     };
-    let dtypes = [a.dtype(), b_dtype, out.dtype()];
-    let index = match &plan {
-        None if n <= kernels::I32_LIMIT => kernels::Index::I32,
-        Some(plan) if fits_32_bits(plan, n) => kernels::Index::I32,
-        _ => kernels::Index::I64,
-    };
+    let index = plan.index;
     let wide = index == kernels::Index::I64;
     let (mut o, mut pa) = (out.data_ptr(), a.data_ptr());
     // Kernel arguments after the pointers, in either index width.
@@ -234,59 +203,53 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     // How many parameters, the kernel, the grid, the block, and whether the grid is the kernel's
     // whole work (the vector kernel: one chunk per block; the tiled kernel: one tile per block)
     // rather than a size to cap at what the device keeps resident.
-    let (used, function, grid, block, whole) = match &plan {
-        None => {
-            let [da, db, dr] = dtypes;
-            let width = kernels::vector_width(da, db, dr);
-            let aligned = [(o, out.dtype()), (pa, a.dtype()), (pb, b_dtype)]
-                .iter()
-                .all(|&(p, d)| (p as usize) % (width * d.itemsize()) == 0);
+    let (used, function, grid, block, whole) = match plan.variant {
+        Variant::Vector => {
             params[3] = count;
-            if width > 1 && aligned {
-                // One chunk per block: a grid of short-lived blocks streams better than a
-                // resident grid-stride loop (the kernel still loops if the grid is capped).
-                let chunks = (n / width).div_ceil(block as usize * kernels::UNROLL);
-                let vector = kernels::add(ordinal, dtypes, second, index, AddPart::Vector)?;
-                (4, vector, chunks, (block, 1), true)
-            } else {
-                let blocks = n.div_ceil(block as usize);
-                let contiguous = kernels::add(ordinal, dtypes, second, index, AddPart::Contiguous)?;
-                (4, contiguous, blocks, (block, 1), false)
-            }
+            let vector = kernels::add(ordinal, dtypes, second, index, AddPart::Vector)?;
+            let blocks = plan.vector_blocks(width, block) as usize;
+            (4, vector, blocks, (block, 1), true)
         }
-        Some(plan) => {
-            geometry = kernels::Geometry::from_plan(plan)?;
-            tile = transposed_inputs(plan);
-            if tile != 0 {
-                let (rows, cols) = (plan.shape[0], plan.shape[1]);
-                if wide {
-                    (rows64, cols64) = (rows as i64, cols as i64);
-                    params[3] = (&mut rows64 as *mut i64).cast();
-                    params[4] = (&mut cols64 as *mut i64).cast();
-                } else {
-                    (rows32, cols32) = (rows as i32, cols as i32);
-                    params[3] = (&mut rows32 as *mut i32).cast();
-                    params[4] = (&mut cols32 as *mut i32).cast();
-                }
-                params[5] = (&mut geometry as *mut kernels::Geometry).cast();
-                let edge = kernels::tile_edge(a.dtype(), b_dtype);
-                let tiles = rows.div_ceil(edge) * cols.div_ceil(edge);
-                shared = kernels::tile_shared_bytes(a.dtype(), b_dtype, tile);
-                // One block per tile: short-lived blocks stream better than a resident grid.
-                let tiled = kernels::add_tiled(ordinal, dtypes, second, index)?;
-                // Bit 2 of the mask: interior tiles in pairs (the kernel's PAIRS).
-                if tiled.pairs && pairs_fit(plan, tile, [o, pa, pb]) {
-                    tile |= 4;
-                }
-                params[6] = (&mut tile as *mut i32).cast();
-                (7, tiled.function, tiles, kernels::TILE_BLOCK, true)
+        Variant::Contiguous => {
+            params[3] = count;
+            let contiguous = kernels::add(ordinal, dtypes, second, index, AddPart::Contiguous)?;
+            (4, contiguous, n.div_ceil(block as usize), (block, 1), false)
+        }
+        Variant::Tiled { mask } => {
+            let strides: Vec<&[isize]> = plan.strides.iter().map(|s| &s[..]).collect();
+            geometry = kernels::Geometry::new(&plan.shape, &strides)?;
+            // The plan's bit k is operand k; the kernel's bit 0 is a, bit 1 b.
+            tile = (mask >> 1) as i32;
+            let (rows, cols) = (plan.shape[0], plan.shape[1]);
+            if wide {
+                (rows64, cols64) = (rows as i64, cols as i64);
+                params[3] = (&mut rows64 as *mut i64).cast();
+                params[4] = (&mut cols64 as *mut i64).cast();
             } else {
-                params[3] = count;
-                params[4] = (&mut geometry as *mut kernels::Geometry).cast();
-                let blocks = n.div_ceil(block as usize);
-                let strided = kernels::add(ordinal, dtypes, second, index, AddPart::Strided)?;
-                (5, strided, blocks, (block, 1), false)
+                (rows32, cols32) = (rows as i32, cols as i32);
+                params[3] = (&mut rows32 as *mut i32).cast();
+                params[4] = (&mut cols32 as *mut i32).cast();
             }
+            params[5] = (&mut geometry as *mut kernels::Geometry).cast();
+            let edge = kernels::tile_edge(a.dtype(), b_dtype);
+            let tiles = rows.div_ceil(edge) * cols.div_ceil(edge);
+            shared = kernels::tile_shared_bytes(a.dtype(), b_dtype, tile);
+            // One block per tile: short-lived blocks stream better than a resident grid.
+            let tiled = kernels::add_tiled(ordinal, dtypes, second, index)?;
+            // Bit 2 of the mask: interior tiles in pairs (the kernel's PAIRS).
+            if tiled.pairs && pairs_fit(&plan.strides, tile, [o, pa, pb]) {
+                tile |= 4;
+            }
+            params[6] = (&mut tile as *mut i32).cast();
+            (7, tiled.function, tiles, kernels::TILE_BLOCK, true)
+        }
+        Variant::Strided => {
+            let strides: Vec<&[isize]> = plan.strides.iter().map(|s| &s[..]).collect();
+            geometry = kernels::Geometry::new(&plan.shape, &strides)?;
+            params[3] = count;
+            params[4] = (&mut geometry as *mut kernels::Geometry).cast();
+            let strided = kernels::add(ordinal, dtypes, second, index, AddPart::Strided)?;
+            (5, strided, n.div_ceil(block as usize), (block, 1), false)
         }
     };
     let grid = if whole {
@@ -298,15 +261,15 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     // and kernels::add_tiled (out's and a's pointers; b's pointer, or for Second::Value a
     // 16-byte-aligned element of b's dtype, which is the kernel's `Splat` parameter; then n, or
     // rows, cols, Geometry and the tile mask, in the chosen index width, which fits every index
-    // and offset: fits_32_bits, I32_LIMIT). The vector kernel is chosen only when every pointer
-    // is aligned to its pack; the tiled kernel gets the shared memory its tiles need
-    // (tile_shared_bytes) and is chosen only when out has unit stride along cols and the tiled
-    // inputs along rows (transposed_inputs; a value has stride 0, so it is never tiled), which
-    // it assumes. Every pointer addresses its operand's validated layout on this device, `out`
-    // is writable and overlaps an input only exactly (checked); the arrays' buffers are kept
-    // valid until the kernel has run (Launch::finish below), or, for a kernel captured into a
-    // graph, by the caller while it replays the graph (see `Launch`). `order` made the device's
-    // context current.
+    // and offset: Plan::new). The vector kernel is chosen only when every pointer is aligned to
+    // its pack; the tiled kernel gets the shared memory its tiles need (tile_shared_bytes) and
+    // is chosen only when out has unit stride along cols and the tiled inputs along rows
+    // (Plan::new; a value is no operand of the plan, so it is never tiled), which it assumes.
+    // Every pointer addresses its operand's validated layout on this device, `out` is writable
+    // and overlaps an input only exactly (checked); the arrays' buffers are kept valid until the
+    // kernel has run (Launch::finish below), or, for a kernel captured into a graph, by the
+    // caller while it replays the graph (see `Launch`). `order` made the device's context
+    // current.
     unsafe {
         launch::launch(
             function,
@@ -438,17 +401,6 @@ mod tests {
 
     #[test]
     fn kernel_choice_helpers() {
-        let plan = coalesce(&[4, 8], [&[8, 1], &[1, 4], &[8, 1]]);
-        assert_eq!(transposed_inputs(&plan), 1);
-        let plan = coalesce(&[4, 8], [&[8, 1], &[1, 4], &[1, 4]]);
-        assert_eq!(transposed_inputs(&plan), 3);
-        // A column broadcast along cols (stride 0) reads one value per row: no tile.
-        let plan = coalesce(&[4, 8], [&[8, 1], &[1, 0], &[8, 1]]);
-        assert_eq!(transposed_inputs(&plan), 0);
-        // Three dimensions are left to the strided kernel.
-        let plan = coalesce(&[2, 4, 8], [&[32, 8, 1], &[1, 2, 8], &[32, 8, 1]]);
-        assert_eq!(transposed_inputs(&plan), 0);
-
         // The tiles of every dtype triple fit the 48 KiB a block gets without opting in.
         for a in DType::ALL {
             for b in DType::ALL {
@@ -477,17 +429,12 @@ mod tests {
             (194, [[194, 1], [1, 130], [1, 130]], 3, 256, true, "both tiled"),
         ];
         for (cols, [so, sa, sb], mask, b, fits, why) in cases {
-            let plan = coalesce(&[130, cols], [&so, &sa, &sb]);
+            let (_, strides) = crate::layout::coalesce_of(&[130, cols], &[&so, &sa, &sb]);
+            // A value is no operand of the plan.
+            let strides = if b == 0 { &strides[..2] } else { &strides[..] };
             let pointers = [64, 128, b].map(|x| x as *mut u8);
-            assert_eq!(pairs_fit(&plan, mask, pointers), fits, "{why}");
+            assert_eq!(pairs_fit(strides, mask, pointers), fits, "{why}");
         }
-
-        let small = coalesce(&[1 << 20], [&[1], &[1], &[1]]);
-        assert!(fits_32_bits(&small, 1 << 20));
-        assert!(!fits_32_bits(&small, 1 << 31));
-        // Few elements, but a stride that reaches past 2^31.
-        let far = coalesce(&[2, 2], [&[2, 1], &[1 << 31, 1], &[2, 1]]);
-        assert!(!fits_32_bits(&far, 4));
     }
     use crate::cpu::copy::read_scalar;
     use crate::cpu::element::Scalar;

@@ -6,6 +6,7 @@ pub mod copy;
 pub mod create;
 pub mod elementwise;
 pub mod launch;
+pub mod plan;
 pub mod raw;
 
 pub use add::add;

@@ -1,8 +1,9 @@
 //! Users' elementwise kernels: an operation written in CUDA C++ once (CuPy's `ElementwiseKernel`
 //! syntax, see [`spec`]), compiled per call signature with NVRTC, and run on arrays from any
 //! producer with numpy broadcasting, any strides, outputs written in place or allocated, on a
-//! given stream. The layout planning is `add`'s: dimensions merged where contiguous, a
-//! vectorized path when every operand is contiguous and aligned, 32-bit indexing where it fits.
+//! given stream. The loop is planned as `add`'s ([`crate::ops::plan`]): dimensions merged where
+//! contiguous, a vectorized path when every operand is contiguous and aligned, 32-bit indexing
+//! where it fits; an operation that reads its index `i` walks the C order of the loop's shape.
 
 pub mod params;
 pub mod source;
@@ -16,9 +17,10 @@ use crate::cuda::stream::Stream;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout::{broadcast_shapes, coalesce_of, order_by_first_of};
+use crate::layout::broadcast_shapes;
 use crate::ops::launch::Launch;
-use source::{Role, Signature, UNROLL};
+use crate::ops::plan::{Operand, Plan, Variant};
+use source::{Role, Signature};
 use spec::Spec;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -44,6 +46,8 @@ pub struct ElementwiseKernel {
     spec: Spec,
     /// Per output: whether the operation may read it before writing it.
     reads: Vec<bool>,
+    /// Whether the operation reads its index `i` (the loop then keeps C order).
+    indexed: bool,
     compiled: Mutex<HashMap<(u32, Signature), Compiled>>,
     /// The signature of the last call and its kernels: a repeated call finds them without
     /// building a key.
@@ -59,6 +63,7 @@ impl ElementwiseKernel {
             .map(|p| spec::reads_output(&spec.operation, &p.name))
             .collect();
         ElementwiseKernel {
+            indexed: spec::uses_index(&spec.operation),
             spec,
             reads,
             compiled: Mutex::new(HashMap::new()),
@@ -257,9 +262,23 @@ impl ElementwiseKernel {
                 .as_ref()
                 .expect("an element operand is an array")
         };
-        let contiguous = elements
+        // The loop's plan over the element operands, led by the first element output (its
+        // writes run along its unit stride), in C order when the operation reads its index.
+        let planned: Vec<Operand<'_>> = elements
             .iter()
-            .all(|&k| operand(k).layout().is_contiguous());
+            .map(|&k| {
+                let x = operand(k);
+                Operand {
+                    strides: x.strides(),
+                    contiguous: x.layout().is_contiguous(),
+                    address: x.data_ptr() as usize,
+                    itemsize: dtypes[k].itemsize(),
+                }
+            })
+            .collect();
+        let lead = (!self.indexed).then(|| elements.iter().position(|&k| k >= nin).unwrap_or(0));
+        let width = compiled.width;
+        let plan = Plan::new(&shape, n, &planned, lead, width, false);
         let mut p = Params::new();
         let push_rest = |p: &mut Params, k: usize| -> Result<()> {
             match (&inputs.get(k), roles[k]) {
@@ -270,56 +289,42 @@ impl ElementwiseKernel {
             }
             Ok(())
         };
-        let (function, grid) = if contiguous {
-            let width = compiled.width;
-            let aligned = width > 1
-                && elements.iter().all(|&k| {
-                    (operand(k).data_ptr() as usize) % (width * dtypes[k].itemsize()) == 0
-                });
-            for (k, role) in roles.iter().enumerate() {
-                match role {
-                    Role::Element => p.push(operand(k).data_ptr()),
-                    _ => push_rest(&mut p, k)?,
-                }
-            }
-            p.push(n as i64);
-            if aligned {
-                let chunks = (n / width).div_ceil(BLOCK as usize * UNROLL);
-                (
-                    compiled.functions[1],
-                    chunks.clamp(1, i32::MAX as usize) as u32,
-                )
-            } else {
-                let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
-                (compiled.functions[0], blocks)
-            }
-        } else {
-            // Dimensions ordered by the first element output's strides (its writes run along
-            // its unit stride), then merged where every element operand allows.
-            let lead = elements.iter().find(|&&k| k >= nin).unwrap_or(&elements[0]);
-            let mut strides: Vec<&[isize]> = vec![operand(*lead).strides()];
-            strides.extend(elements.iter().map(|&k| operand(k).strides()));
-            let (ordered, ordered_strides) = order_by_first_of(&shape, &strides);
-            let refs: Vec<&[isize]> = ordered_strides[1..].iter().map(|s| &s[..]).collect();
-            let (merged, merged_strides) = coalesce_of(&ordered, &refs);
-            let g = params::Shape::new(&merged)?;
-            let refs: Vec<&[isize]> = merged_strides.iter().map(|s| &s[..]).collect();
-            let narrow = kernels::fits_32_bits(n, &merged, &refs);
-            let mut next = merged_strides.iter();
-            for (k, role) in roles.iter().enumerate() {
-                match role {
-                    Role::Element => {
-                        let s = next.next().expect("one stride list per element operand");
-                        p.push(params::Strided::new(operand(k).data_ptr(), s));
+        let wide = plan.index == kernels::Index::I64;
+        let (function, grid) = match plan.variant {
+            Variant::Vector | Variant::Contiguous => {
+                for (k, role) in roles.iter().enumerate() {
+                    match role {
+                        Role::Element => p.push(operand(k).data_ptr()),
+                        _ => push_rest(&mut p, k)?,
                     }
-                    _ => push_rest(&mut p, k)?,
+                }
+                p.push(n as i64);
+                if plan.variant == Variant::Vector {
+                    let f = compiled.functions[if wide { 2 } else { 1 }];
+                    (f, plan.vector_blocks(width, BLOCK))
+                } else {
+                    let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
+                    (compiled.functions[0], blocks)
                 }
             }
-            p.push(n as i64);
-            p.push(g);
-            let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
-            let f = compiled.functions[if narrow { 3 } else { 4 }];
-            (f, blocks)
+            // (This family has no tiled variant: Plan::new was told so.)
+            Variant::Strided | Variant::Tiled { .. } => {
+                let g = params::Shape::new(&plan.shape)?;
+                let mut next = plan.strides.iter();
+                for (k, role) in roles.iter().enumerate() {
+                    match role {
+                        Role::Element => {
+                            let s = next.next().expect("one stride list per element operand");
+                            p.push(params::Strided::new(operand(k).data_ptr(), s));
+                        }
+                        _ => push_rest(&mut p, k)?,
+                    }
+                }
+                p.push(n as i64);
+                p.push(g);
+                let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
+                (compiled.functions[if wide { 4 } else { 3 }], blocks)
+            }
         };
         let mut pointers = p.pointers();
         // SAFETY: the parameters follow the chosen kernel's signature as source::program writes
@@ -329,10 +334,10 @@ impl ElementwiseKernel {
         // its validated layout (broadcast views read, never written: outputs were checked to
         // have the loop's shape and not to overlap themselves or partially overlap an input);
         // the vector kernel is chosen only when every element pointer is aligned to its pack,
-        // and the 32-bit strided one when every index and offset fits. Raw arrays are indexed
-        // by the user's operation, within their sizes (this function's contract). The arrays
-        // are kept valid until the kernel has run (Launch::finish).
-        // Launch::order made the device's context current, and the module was loaded there.
+        // and the 32-bit kernels only when every index and offset fits (Plan::new). Raw arrays
+        // are indexed by the user's operation, within their sizes (this function's contract).
+        // The arrays are kept valid until the kernel has run (Launch::finish). Launch::order
+        // made the device's context current, and the module was loaded there.
         unsafe {
             cuda_launch::launch(
                 function as cudarc::driver::sys::CUfunction,

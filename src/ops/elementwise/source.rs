@@ -9,8 +9,9 @@ use std::fmt::Write;
 
 const HEADER: &str = include_str!("../../../kernels/user.cuh");
 
-/// Packs each thread of the vector kernel moves per operand and step.
-pub const UNROLL: usize = 4;
+/// Packs each thread of the vector kernel moves per operand and step: add's, which the loop
+/// plan's grid counts on (`ops::plan::Plan::vector_blocks`).
+pub const UNROLL: usize = crate::cuda::kernels::UNROLL;
 
 /// How a call passes one parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

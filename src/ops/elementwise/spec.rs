@@ -242,25 +242,30 @@ impl Spec {
 /// it is the target of a plain assignment (`name = ...`). Outputs it may read are loaded before
 /// the operation runs; the others are only stored.
 pub fn reads_output(operation: &str, name: &str) -> bool {
-    let bytes = operation.as_bytes();
-    let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
-    let mut from = 0;
-    while let Some(at) = operation[from..].find(name) {
-        let start = from + at;
-        let end = start + name.len();
-        from = end;
-        if (start > 0 && (is_ident(bytes[start - 1]) || bytes[start - 1] == b'.'))
-            || (end < bytes.len() && is_ident(bytes[end]))
-        {
-            continue; // part of another identifier or a member
-        }
+    uses(operation, name).any(|end| {
         let rest = operation[end..].trim_start();
         let assigned = rest.starts_with('=') && !rest.starts_with("==");
-        if !assigned {
-            return true;
-        }
-    }
-    false
+        !assigned
+    })
+}
+
+/// Whether `operation` reads its index `i` (then the loop must run in the C order that `i`
+/// counts, see `ops::plan`).
+pub fn uses_index(operation: &str) -> bool {
+    uses(operation, "i").next().is_some()
+}
+
+/// Where `name` occurs in `text` as a name of its own (not part of another identifier, nor a
+/// member after `.`): the byte offset just past each occurrence.
+fn uses<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = usize> + 'a {
+    let bytes = text.as_bytes();
+    let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    text.match_indices(name).filter_map(move |(start, _)| {
+        let end = start + name.len();
+        let inside = (start > 0 && (is_ident(bytes[start - 1]) || bytes[start - 1] == b'.'))
+            || (end < bytes.len() && is_ident(bytes[end]));
+        (!inside).then_some(end)
+    })
 }
 
 #[cfg(test)]
@@ -330,5 +335,13 @@ mod tests {
         assert!(reads_output("f(z)", "z"));
         assert!(!reads_output("if (x == 0) z = 1; else z = 2;", "z"));
         assert!(reads_output("z == 1", "z"));
+    }
+
+    #[test]
+    fn the_index_is_used_only_where_named() {
+        assert!(uses_index("z = w[i]"));
+        assert!(uses_index("z = x * i"));
+        assert!(!uses_index("z = x + pi + idx + w.i + _ind.size()"));
+        assert!(!uses_index("if (x) z = 1;"));
     }
 }
