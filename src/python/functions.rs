@@ -1,9 +1,7 @@
 //! Module-level functions: creation, import, `add`, and `cubridge.cuda` queries.
 
-use super::import::{
-    default_dtype, exchanged, finish, from_sequence, import, is_numpy_ndarray, python_scalar,
-    widest, Exchanged,
-};
+use super::import::{default_dtype, finish, from_sequence, import, python_scalar, widest};
+use super::operands::take_arrays;
 use super::stream::Use;
 use super::types::PyArray;
 use super::types::{parse_device, parse_dtype};
@@ -179,26 +177,6 @@ pub fn asarray(
     Ok(PyArray::new(finish(py, imported, dtype, device, copy)?))
 }
 
-/// An operand of `add`: an array (zero-copy), or a Python scalar that takes the other operand's
-/// dtype where its kind allows (the Array API's rule). `exchanged` is the operand already taken
-/// through the C exchange table, if it was.
-fn operand(
-    obj: &Bound<'_, PyAny>,
-    exchanged: Option<Exchanged>,
-    other: Option<&Array>,
-    consumer: crate::cuda::stream::Stream,
-) -> PyResult<Array> {
-    if let Some(e) = exchanged {
-        return Ok(e.imported.array);
-    }
-    if let Some(value) = python_scalar(obj)? {
-        let dtype = other.map_or(default_dtype(value), |o| o.dtype());
-        let device = other.map_or(crate::Device::Cpu, |o| o.device());
-        return Ok(ops::full(&[], value, dtype, device)?);
-    }
-    Ok(import(obj, consumer, Use::Immediate)?.array)
-}
-
 /// The second operand of `add`.
 enum Second {
     Array(Array),
@@ -221,55 +199,25 @@ pub fn add(
     let _restore = crate::cuda::context::Restore::new();
     let explicit = super::stream::parse(stream)?;
     let out = out.filter(|o| !o.is_none());
-    // Operands whose producers publish the C exchange table come first: the kernel runs on the
-    // first one's current work stream unless `stream=` names one, and each is ordered before
-    // that stream below. Every other operand is imported with that stream as its consumer.
-    // Python scalars have no exchange table (and looking for one costs a failed lookup).
+    // Python scalars go to the kernel by value; every other operand is imported for the kernel
+    // (which also picks its stream: `stream=`, else the first torch operand's current stream).
     let (scalar_a, scalar_b) = (python_scalar(a)?, python_scalar(b)?);
-    // numpy arrays alone (the host path's common case) publish no table and no stream.
-    let numpy_only = is_numpy_ndarray(a) && is_numpy_ndarray(b) && out.is_none_or(is_numpy_ndarray);
-    let [mut ex_a, mut ex_b, mut ex_out] = if numpy_only {
-        [None, None, None]
-    } else {
-        [
-            Some(a).filter(|_| scalar_a.is_none()),
-            Some(b).filter(|_| scalar_b.is_none()),
-            out,
-        ]
-        .map(|o| o.and_then(exchanged))
-    };
-    if let (Some(o), Some(_)) = (out, &ex_out) {
-        // The table skips the refusal torch's __dlpack__ makes.
-        super::operands::refuse_autograd_write(o, "out")?;
-    }
-    let kernel_stream = explicit
-        .or_else(|| {
-            [&ex_a, &ex_b, &ex_out]
-                .iter()
-                .find_map(|e| e.as_ref()?.stream)
-        })
-        .unwrap_or(LEGACY);
-    // Producer streams that the kernel stream must wait for, by device.
-    let waits: Vec<(crate::cuda::stream::Stream, crate::Device)> = [&ex_a, &ex_b, &ex_out]
-        .iter()
-        .filter_map(|e| {
-            let e = e.as_ref()?;
-            let s = e.stream?;
-            (s != kernel_stream).then(|| (s, e.imported.array.device()))
-        })
-        .collect();
+    let objs = [
+        Some(a).filter(|_| scalar_a.is_none()),
+        Some(b).filter(|_| scalar_b.is_none()),
+        out,
+    ];
+    let mut arrays: [Option<Array>; 3] = [None, None, None];
+    let (kernel_stream, waits) = take_arrays(&objs, &[false, false, true], explicit, &mut arrays)?;
+    let [array_a, array_b, out_array] = arrays;
     // One Python scalar beside an array goes to the kernel by value (add commutes, so the
     // array is always the first input); two scalars make a 0-d array on the CPU.
-    let (x, y) = match (scalar_a, scalar_b) {
-        (Some(value), None) => (
-            operand(b, ex_b.take(), None, kernel_stream)?,
-            Second::Value(value),
-        ),
-        (None, Some(value)) => (
-            operand(a, ex_a.take(), None, kernel_stream)?,
-            Second::Value(value),
-        ),
-        (Some(va), Some(vb)) => {
+    let (x, y) = match (array_a, array_b, scalar_a, scalar_b) {
+        (Some(x), Some(y), _, _) => (x, Second::Array(y)),
+        (Some(x), None, _, Some(value)) | (None, Some(x), Some(value), _) => {
+            (x, Second::Value(value))
+        }
+        (None, None, Some(va), Some(vb)) => {
             // Two Python scalars meet in the wider kind, whichever comes first.
             let dtype = widest(default_dtype(va), default_dtype(vb));
             (
@@ -277,11 +225,7 @@ pub fn add(
                 Second::Value(vb),
             )
         }
-        _ => {
-            let x = operand(a, ex_a.take(), None, kernel_stream)?;
-            let y = operand(b, ex_b.take(), Some(&x), kernel_stream)?;
-            (x, Second::Array(y))
-        }
+        _ => return Err(Error::invalid("add takes arrays and Python scalars").into()),
     };
     let y_host = match &y {
         Second::Array(y) => y.device().is_host_accessible(),
@@ -292,22 +236,6 @@ pub fn add(
             Error::invalid("stream= orders CUDA work; these arrays are in host memory").into(),
         );
     }
-    let out_array = match out {
-        Some(o) => {
-            let imported = match ex_out.take() {
-                Some(e) => e.imported,
-                None => import(o, kernel_stream, Use::Immediate)?,
-            };
-            if imported.copied {
-                return Err(Error::invalid(
-                    "out's producer exported a copy, so writes would not reach it",
-                )
-                .into());
-            }
-            Some(imported.array)
-        }
-        None => None,
-    };
     let device = x.device();
     let run = || -> crate::error::Result<Array> {
         // The driver may wait on its own locks here: never with the GIL held.

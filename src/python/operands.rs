@@ -30,7 +30,7 @@ pub struct Operands {
     /// default stream.
     pub stream: Stream,
     /// Producers' streams the kernel's stream must wait for, by device ([`Operands::order`]).
-    waits: Vec<(Stream, Device)>,
+    waits: Waits,
 }
 
 impl Operands {
@@ -103,54 +103,21 @@ pub fn import_operands(
         }
         values.push(value);
     }
-    let mut exchanges: Vec<Option<Exchanged>> = objs
+    let arrays: Vec<Option<&Bound<'_, PyAny>>> = objs
         .iter()
         .zip(&values)
-        .map(|(o, v)| match (o, v) {
-            (Some(o), None) => exchanged(o),
-            _ => None,
-        })
+        .map(|(o, v)| o.filter(|_| v.is_none()))
         .collect();
-    let stream = explicit
-        .or_else(|| exchanges.iter().find_map(|e| e.as_ref()?.stream))
-        .unwrap_or(LEGACY);
-    let waits = exchanges
-        .iter()
-        .flatten()
-        .filter_map(|e| {
-            let s = e.stream?;
-            (s != stream).then(|| (s, e.imported.array.device()))
-        })
-        .collect();
+    let written: Vec<bool> = access.iter().map(|&a| a != Access::Read).collect();
+    let mut taken: Vec<Option<Array>> = vec![None; objs.len()];
+    let (stream, waits) = take_arrays(&arrays, &written, explicit, &mut taken)?;
     let mut items = Vec::with_capacity(objs.len());
-    for (k, (obj, value)) in objs.iter().zip(values).enumerate() {
-        let Some(obj) = obj else {
-            items.push(None);
-            continue;
-        };
-        if value.is_some() {
+    for (k, (array, value)) in taken.into_iter().zip(values).enumerate() {
+        let Some(array) = array else {
             items.push(value);
             continue;
-        }
-        let written = access[k] != Access::Read;
-        let imported = match exchanges[k].take() {
-            Some(e) => {
-                // The table skips the refusal that torch's __dlpack__ makes.
-                if written {
-                    refuse_autograd_write(obj, "an output")?;
-                }
-                e.imported
-            }
-            None => import(obj, stream, Use::Immediate)?,
         };
-        let array = imported.array;
-        if written && imported.copied {
-            return Err(Error::invalid(
-                "an output's producer exported a copy, so writes would not reach it",
-            )
-            .into());
-        }
-        if !written && array.ndim() == 0 && array.device().is_host_accessible() {
+        if !written[k] && array.ndim() == 0 && array.device().is_host_accessible() {
             // A 0-d host array (a 0-d numpy array, a CPU scalar tensor) is a value.
             // SAFETY: a 0-d host-accessible array has one valid element at its data pointer.
             let v = unsafe { crate::cpu::copy::read_scalar(array.dtype(), array.data_ptr(), 0) };
@@ -164,6 +131,64 @@ pub fn import_operands(
         stream,
         waits,
     })
+}
+
+/// Producers' streams that a kernel's stream must wait for, by device.
+pub(crate) type Waits = Vec<(Stream, Device)>;
+
+/// Imports the arrays `objs` for one kernel into `arrays` (one entry each; `None` objects are
+/// left alone) without copying, and returns the kernel's stream and what it must wait for.
+/// Producers that publish the C exchange table come first: the first one's current work stream
+/// is the kernel's unless `explicit` names one (the caller's `stream=`), else the legacy default
+/// stream, and the table hands over the streams to wait for instead of ordering. Every other
+/// object is then imported with the kernel's stream as its consumer. An object marked `written`
+/// must be its producer's own memory and not a tensor that requires grad.
+pub(crate) fn take_arrays(
+    objs: &[Option<&Bound<'_, PyAny>>],
+    written: &[bool],
+    explicit: Option<Stream>,
+    arrays: &mut [Option<Array>],
+) -> PyResult<(Stream, Waits)> {
+    let mut producers: Waits = Vec::new();
+    for (k, obj) in objs.iter().enumerate() {
+        let Some(e) = obj.and_then(exchanged) else {
+            continue;
+        };
+        if written[k] {
+            // The table skips the refusal that torch's __dlpack__ makes.
+            refuse_autograd_write(obj.expect("exchanged from an object"), "an output")?;
+        }
+        let Exchanged { imported, stream } = e;
+        check_writable(&imported, written[k])?;
+        if let Some(s) = stream {
+            producers.push((s, imported.array.device()));
+        }
+        arrays[k] = Some(imported.array);
+    }
+    let stream = explicit
+        .or_else(|| producers.first().map(|p| p.0))
+        .unwrap_or(LEGACY);
+    producers.retain(|p| p.0 != stream);
+    for (k, obj) in objs.iter().enumerate() {
+        if let (Some(obj), None) = (obj, &arrays[k]) {
+            let imported = import(obj, stream, Use::Immediate)?;
+            check_writable(&imported, written[k])?;
+            arrays[k] = Some(imported.array);
+        }
+    }
+    Ok((stream, producers))
+}
+
+/// Refuses to write through a copy that the producer exported.
+fn check_writable(imported: &super::import::Imported, written: bool) -> PyResult<()> {
+    if written && imported.copied {
+        return Err(Error::invalid(
+            "an output's producer exported a copy (the DLPack IS_COPIED flag), so writes would \
+             not reach it",
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Any Python array (a cubridge array, or any DLPack, DLPack-exchange-table, CUDA array
