@@ -4,6 +4,7 @@
 
 use super::import::{exchanged, import, python_scalar, type_name, typed_numpy_scalar, Exchanged};
 use super::stream::Use;
+use super::types::PyArray;
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cuda::stream::{Stream, LEGACY};
@@ -89,6 +90,8 @@ pub fn import_operands(
     let mut values: Vec<Option<Operand>> = Vec::with_capacity(objs.len());
     for (k, obj) in objs.iter().enumerate() {
         let value = match obj {
+            // cubridge's own arrays, the common case, are no scalars.
+            Some(o) if o.cast::<PyArray>().is_ok() => None,
             None => None,
             Some(o) => match python_scalar(o)? {
                 Some(v) => Some(Operand::Value(v, None)),
