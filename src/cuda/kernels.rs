@@ -507,13 +507,15 @@ pub fn grid(ordinal: u32, wanted: usize, block: u32) -> Result<u32> {
 impl Geometry {
     /// The kernel geometry of a coalesced plan (operand order as the plan's).
     pub fn from_plan<const N: usize>(plan: &crate::layout::Coalesced<N>) -> Result<Geometry> {
-        let strides: Vec<&[isize]> = plan.strides.iter().map(|s| &s[..]).collect();
-        Geometry::new(&plan.shape, &strides)
+        Geometry::new(&plan.shape, &plan.strides)
     }
 
     /// The kernel geometry of a merged `shape` and up to three operands' strides over it (an
     /// operand left out has stride 0: a value).
-    pub fn new(shape: &[usize], strides: &[&[isize]]) -> Result<Geometry> {
+    pub fn new<S: std::ops::Deref<Target = [isize]>>(
+        shape: &[usize],
+        strides: &[S],
+    ) -> Result<Geometry> {
         let ndim = shape.len();
         if ndim > MAX_DIMS {
             return Err(crate::Error::invalid(format!(

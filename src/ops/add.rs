@@ -52,7 +52,7 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) ->
     if let Some(launch) = launch {
         return add_cuda(launch, &a_b, Second::Array(&b_b), out);
     }
-    let operands = [operand(&out), operand(&a_b), operand(&b_b)];
+    let operands = [Operand::of(&out), Operand::of(&a_b), Operand::of(&b_b)];
     let plan = Plan::new(&shape, out.numel(), &operands, Some(0), 1, false).coalesced::<3>();
     // SAFETY: all three arrays are host-accessible and their layouts were validated against
     // their buffers when they were made; `out` is writable (checked) and overlaps an input only
@@ -134,16 +134,6 @@ fn pairs_fit(strides: &[Vec<isize>], tile: i32, pointers: [*mut u8; 3]) -> bool 
         })
 }
 
-/// `x` as the loop plan sees it.
-fn operand(x: &Array) -> Operand<'_> {
-    Operand {
-        strides: x.strides(),
-        contiguous: x.layout().is_contiguous(),
-        address: x.data_ptr() as usize,
-        itemsize: x.dtype().itemsize(),
-    }
-}
-
 fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
     let (ordinal, stream) = (launch.ordinal(), launch.stream());
     let b_array = match b {
@@ -158,7 +148,11 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     let dtypes = [a.dtype(), b_dtype, out.dtype()];
     // The loop's operands, led by out: out, a, and b unless it is a value (passed among the
     // parameters, stride 0 everywhere).
-    let operands = [operand(&out), operand(a), operand(b_array.unwrap_or(a))];
+    let operands = [
+        Operand::of(&out),
+        Operand::of(a),
+        Operand::of(b_array.unwrap_or(a)),
+    ];
     let walked = if b_array.is_some() { 3 } else { 2 };
     let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
     let plan = Plan::new(out.shape(), n, &operands[..walked], Some(0), width, true);
@@ -216,8 +210,7 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
             (4, contiguous, n.div_ceil(block as usize), (block, 1), false)
         }
         Variant::Tiled { mask } => {
-            let strides: Vec<&[isize]> = plan.strides.iter().map(|s| &s[..]).collect();
-            geometry = kernels::Geometry::new(&plan.shape, &strides)?;
+            geometry = kernels::Geometry::new(&plan.shape, &plan.strides)?;
             // The plan's bit k is operand k; the kernel's bit 0 is a, bit 1 b.
             tile = (mask >> 1) as i32;
             let (rows, cols) = (plan.shape[0], plan.shape[1]);
@@ -244,8 +237,7 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
             (7, tiled.function, tiles, kernels::TILE_BLOCK, true)
         }
         Variant::Strided => {
-            let strides: Vec<&[isize]> = plan.strides.iter().map(|s| &s[..]).collect();
-            geometry = kernels::Geometry::new(&plan.shape, &strides)?;
+            geometry = kernels::Geometry::new(&plan.shape, &plan.strides)?;
             params[3] = count;
             params[4] = (&mut geometry as *mut kernels::Geometry).cast();
             let strided = kernels::add(ordinal, dtypes, second, index, AddPart::Strided)?;

@@ -34,6 +34,18 @@ pub struct Operand<'a> {
     pub itemsize: usize,
 }
 
+impl<'a> Operand<'a> {
+    /// `x` as the loop sees it.
+    pub fn of(x: &'a crate::array::Array) -> Operand<'a> {
+        Operand {
+            strides: x.strides(),
+            contiguous: x.layout().is_contiguous(),
+            address: x.data_ptr() as usize,
+            itemsize: x.dtype().itemsize(),
+        }
+    }
+}
+
 /// The kernel variant that walks the loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {

@@ -264,18 +264,7 @@ impl ElementwiseKernel {
         };
         // The loop's plan over the element operands, led by the first element output (its
         // writes run along its unit stride), in C order when the operation reads its index.
-        let planned: Vec<Operand<'_>> = elements
-            .iter()
-            .map(|&k| {
-                let x = operand(k);
-                Operand {
-                    strides: x.strides(),
-                    contiguous: x.layout().is_contiguous(),
-                    address: x.data_ptr() as usize,
-                    itemsize: dtypes[k].itemsize(),
-                }
-            })
-            .collect();
+        let planned: Vec<Operand<'_>> = elements.iter().map(|&k| Operand::of(operand(k))).collect();
         let lead = (!self.indexed).then(|| elements.iter().position(|&k| k >= nin).unwrap_or(0));
         let width = compiled.width;
         let plan = Plan::new(&shape, n, &planned, lead, width, false);
