@@ -168,6 +168,69 @@ def test_producer_without_max_version_falls_back_to_legacy():
     assert p.calls  # asked the legacy way after the versioned request failed
 
 
+class _CountingMeta(type):
+    """Counts the attribute lookups that miss on its classes (``__getattr__`` of a metaclass
+    runs only for a class attribute that is not there)."""
+
+    misses: list = []
+
+    def __getattr__(cls, name):
+        _CountingMeta.misses.append(name)
+        raise AttributeError(name)
+
+
+class _CountedProducer(metaclass=_CountingMeta):
+    def __init__(self, arr):
+        self.arr = arr
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        return self.arr.__dlpack__(max_version=max_version)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_a_producer_type_is_asked_for_an_exchange_table_once():
+    """Every import of a producer without a DLPack C exchange table (CuPy, JAX, Numba) looked
+    for one three or four times, each lookup raising and swallowing an AttributeError: about
+    half of cubridge's cost of a CuPy import."""
+    ref = np.arange(4, dtype=np.float32)
+    out = np.empty(4, np.float32)
+    first = _CountedProducer(ref)
+    np.testing.assert_array_equal(cb.from_dlpack(first).to_numpy(), ref)
+    asked = _CountingMeta.misses.count("__dlpack_c_exchange_api__")
+    assert asked >= 1
+    for _ in range(5):
+        p = _CountedProducer(ref)
+        assert cb.from_dlpack(p).data_ptr == ref.ctypes.data
+        cb.add(p, _CountedProducer(ref), out=_CountedProducer(out))
+        np.testing.assert_array_equal(out, ref + ref)
+    assert _CountingMeta.misses.count("__dlpack_c_exchange_api__") == asked
+
+
+class _Misannounced:
+    """Announces a CUDA device but exports host memory (or the reverse): the stream it was
+    handed (or not) was chosen for the wrong device."""
+
+    def __init__(self, arr, announced):
+        self.arr, self.announced = arr, announced
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        return self.arr.__dlpack__(max_version=max_version)
+
+    def __dlpack_device__(self):
+        return self.announced
+
+
+def test_a_capsule_on_another_device_than_announced_is_refused():
+    ref = np.arange(3, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"announced DLPack device \(2, 0\).*cpu"):
+        cb.from_dlpack(_Misannounced(ref, (2, 0)))
+    # Pinned memory announced, host memory exported: host memory either way (PyTorch's pinned
+    # tensors do this).
+    assert cb.from_dlpack(_Misannounced(ref, (3, 0))).data_ptr == ref.ctypes.data
+
+
 def test_asarray_sequences_scalars_and_dtypes():
     assert cb.asarray([[1, 2], [3, 4]]).dtype == "int64"
     assert cb.asarray([1.5, 2]).dtype == "float32"

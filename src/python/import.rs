@@ -207,7 +207,7 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
     if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
         return None;
     }
-    if !exchange_table_usable(obj) {
+    if exchange_table(obj) != Table::Usable {
         return None;
     }
     let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
@@ -231,28 +231,49 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
     })
 }
 
-/// Whether `obj`'s type publishes a DLPack C exchange table that may stand for its `__dlpack__`:
-/// a valid capsule, set by the same class that implements `__dlpack__` (a subclass that
-/// overrides `__dlpack__`, say a `torch.Tensor` subclass, must be asked through it, since the
-/// table it inherits would skip it). Decided once per type; the cache holds the types, so that
-/// an address is never reused for another.
-fn exchange_table_usable(obj: &Bound<'_, PyAny>) -> bool {
-    type Cache = Vec<(Py<pyo3::types::PyType>, bool)>;
+/// What `obj`'s type publishes of a DLPack C exchange table.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Table {
+    /// None at all (the type names no `__dlpack_c_exchange_api__`).
+    Absent,
+    /// A valid capsule, set by the same class that implements `__dlpack__`: the table may stand
+    /// for it.
+    Usable,
+    /// A table that may not stand for `__dlpack__` (a subclass that overrides `__dlpack__`, say
+    /// a `torch.Tensor` subclass, must be asked through it, since the table it inherits would
+    /// skip it), or one that is not a valid capsule.
+    Unusable,
+}
+
+/// `obj`'s type's [`Table`], decided once per type: the question costs an attribute lookup
+/// that fails with an exception for every type without one, on every import. The cache holds
+/// the types, so that an address is never reused for another.
+fn exchange_table(obj: &Bound<'_, PyAny>) -> Table {
+    type Cache = Vec<(Py<pyo3::types::PyType>, Table)>;
     static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Vec::new());
     const MAX_TYPES: usize = 64;
     let ty = obj.get_type();
     {
         let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, usable)) = cache.iter().find(|(t, _)| t.is(&ty)) {
-            return *usable;
+        if let Some((_, table)) = cache.iter().find(|(t, _)| t.is(&ty)) {
+            return *table;
         }
     }
-    let usable = table_belongs_to_protocol(&ty).unwrap_or(false);
+    let table = if !ty
+        .hasattr(pyo3::intern!(obj.py(), "__dlpack_c_exchange_api__"))
+        .unwrap_or(false)
+    {
+        Table::Absent
+    } else if table_belongs_to_protocol(&ty).unwrap_or(false) {
+        Table::Usable
+    } else {
+        Table::Unusable
+    };
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     if cache.len() < MAX_TYPES && !cache.iter().any(|(t, _)| t.is(&ty)) {
-        cache.push((ty.unbind(), usable));
+        cache.push((ty.unbind(), table));
     }
-    usable
+    table
 }
 
 fn table_belongs_to_protocol(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bool> {
@@ -308,34 +329,61 @@ fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
     )))
 }
 
-/// Whether `obj`'s type names a DLPack C exchange table at all (usable or not).
-fn has_exchange_table(obj: &Bound<'_, PyAny>) -> bool {
-    obj.get_type()
-        .hasattr(pyo3::intern!(obj.py(), "__dlpack_c_exchange_api__"))
-        .unwrap_or(false)
-}
-
 /// `obj.__dlpack__` called by cubridge itself, with `consumer` as the stream of a CUDA producer
-/// (cubridge numbers streams as DLPack does) and `max_version` when given. For producers whose
-/// exchange table may not be used (dlpark's import request would consult it), and for those
-/// that predate `max_version`, asked again the legacy way.
+/// (cubridge numbers streams as DLPack does) and `max_version` when given, with the device that
+/// `obj.__dlpack_device__()` announced (`None` without one). For producers without a usable
+/// exchange table (dlpark's import request would look for one first, an attribute lookup that
+/// raises and swallows an exception on every call for a type without one, and would consult
+/// one that may not be used), and for those that predate `max_version`, asked again the legacy
+/// way.
 fn protocol_capsule<'py>(
     obj: &Bound<'py, PyAny>,
     consumer: Stream,
     max_version: Option<(u32, u32)>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let on_cuda = obj
-        .call_method0("__dlpack_device__")
+) -> PyResult<(Bound<'py, PyAny>, Option<Announced>)> {
+    let announced = obj
+        .call_method0(pyo3::intern!(obj.py(), "__dlpack_device__"))
         .and_then(|d| d.extract::<(u32, i32)>())
-        .is_ok_and(|(t, _)| t == DLDeviceType::CUDA.0);
+        .ok();
+    let on_cuda = announced.is_some_and(|(t, _)| t == DLDeviceType::CUDA.0);
     let kwargs = pyo3::types::PyDict::new(obj.py());
     if let Some(version) = max_version {
-        kwargs.set_item("max_version", version)?;
+        kwargs.set_item(pyo3::intern!(obj.py(), "max_version"), version)?;
     }
     if on_cuda {
-        kwargs.set_item("stream", consumer.dlpack())?;
+        kwargs.set_item(pyo3::intern!(obj.py(), "stream"), consumer.dlpack())?;
     }
-    obj.call_method("__dlpack__", (), Some(&kwargs))
+    let capsule = obj.call_method(pyo3::intern!(obj.py(), "__dlpack__"), (), Some(&kwargs))?;
+    if !is_capsule(&capsule) {
+        return Err(PyTypeError::new_err(format!(
+            "__dlpack__ returned a {}, not a DLPack capsule",
+            type_name(&capsule)
+        )));
+    }
+    Ok((capsule, announced))
+}
+
+/// A device as `__dlpack_device__` announces it: DLPack's device type and ordinal.
+type Announced = (u32, i32);
+
+/// Refuses a capsule on another device than its producer announced where that decided the
+/// stream handed over: a CUDA capsule whose producer was not asked to order its work before
+/// the consumer, or one of another device. (A host capsule of a producer that announced pinned
+/// memory is host memory as announced: PyTorch names a pinned tensor's device kDLCUDAHost but
+/// kDLCPU in the capsule.)
+fn check_announced(announced: Announced, actual: Device) -> PyResult<()> {
+    let cuda = DLDeviceType::CUDA.0;
+    let consistent = match actual {
+        Device::Cuda(n) => announced.0 == cuda && u32::try_from(announced.1) == Ok(n),
+        _ => announced.0 != cuda,
+    };
+    if consistent {
+        return Ok(());
+    }
+    Err(PyValueError::new_err(format!(
+        "the producer announced DLPack device {announced:?} in __dlpack_device__ but exported \
+         memory on {actual}"
+    )))
 }
 
 /// DLPack import: a versioned capsule is asked for first, with `consumer` as the stream for
@@ -366,14 +414,17 @@ fn as_export_refusal(py: Python<'_>, e: PyErr) -> PyErr {
 fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     let py = obj.py();
     let consumer_stream = Consumer(consumer);
-    let attempt = || -> PyResult<ImportedDlpack> {
+    let table = exchange_table(obj);
+    let attempt = || -> PyResult<(ImportedDlpack, Option<Announced>)> {
         if is_capsule(obj) {
-            return dlpark_import(obj.as_borrowed(), None, None);
+            return Ok((dlpark_import(obj.as_borrowed(), None, None)?, None));
         }
-        if has_exchange_table(obj) && !exchange_table_usable(obj) {
-            let capsule = protocol_capsule(obj, consumer, Some((1, 3)))?;
-            return dlpark_import(capsule.as_borrowed(), None, None);
+        if table != Table::Usable {
+            let (capsule, announced) = protocol_capsule(obj, consumer, Some((1, 3)))?;
+            return Ok((dlpark_import(capsule.as_borrowed(), None, None)?, announced));
         }
+        // A producer whose table could not serve (it refused, or the tensor has a lazy sign):
+        // dlpark's request gives its answer.
         let request = ImportRequest::new(obj.as_borrowed())?;
         if request
             .device()
@@ -385,7 +436,7 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
             let kwargs = pyo3::types::PyDict::new(py);
             kwargs.set_item("max_version", (1u32, 3u32))?;
             let capsule = obj.call_method("__dlpack__", (), Some(&kwargs))?;
-            return dlpark_import(capsule.as_borrowed(), None, None);
+            return Ok((dlpark_import(capsule.as_borrowed(), None, None)?, None));
         }
         let on_cuda = request
             .device()
@@ -395,13 +446,13 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
         } else {
             None
         };
-        request.import(stream, None)
+        Ok((request.import(stream, None)?, None))
     };
-    let imported = match attempt() {
+    let (imported, announced) = match attempt() {
         Ok(imported) => imported,
         Err(e) if e.is_instance_of::<PyTypeError>(py) && !is_capsule(obj) => {
-            let capsule = protocol_capsule(obj, consumer, None).map_err(|_| e)?;
-            dlpark_import(capsule.as_borrowed(), None, None)?
+            let (capsule, announced) = protocol_capsule(obj, consumer, None).map_err(|_| e)?;
+            (dlpark_import(capsule.as_borrowed(), None, None)?, announced)
         }
         Err(e) => return Err(e),
     };
@@ -410,7 +461,10 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
         ImportedDlpack::Legacy(m) => from_managed(m)?,
         ImportedDlpack::Versioned(m) => from_managed(m)?,
     };
-    if has_exchange_table(obj) {
+    if let Some(announced) = announced {
+        check_announced(announced, array.device())?;
+    }
+    if table != Table::Absent {
         if let Some(refusal) = lazy_sign(obj, array.dtype().kind() == Kind::Complex) {
             return Err(refusal);
         }
