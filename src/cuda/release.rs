@@ -126,7 +126,63 @@ pub fn keep_alive_until(
         WAKE.notify_one();
     }
     // Deleters may take their producers' locks: with none of ours held.
-    drop(ready);
+    let now = LATER.with(|later| {
+        let mut later = later.borrow_mut();
+        if later.depth == 0 {
+            return Some(ready);
+        }
+        later.entries.extend(ready);
+        None
+    });
+    drop(now);
+}
+
+/// Finished entries that launches on this thread took over while a [`DropLater`] lived.
+struct Later {
+    depth: u32,
+    entries: Vec<Pending>,
+}
+
+std::thread_local! {
+    static LATER: std::cell::RefCell<Later> =
+        const { std::cell::RefCell::new(Later { depth: 0, entries: Vec::new() }) };
+}
+
+/// While one lives on a thread, the finished kernels' buffers that launches on this thread take
+/// over are dropped when the last one goes instead of at the launch. The Python calls hold one
+/// across a call whose launch runs detached from the interpreter and let it go attached, so
+/// that producers' deleters that take the interpreter (CuPy's; the exporter of a CUDA array
+/// interface) find it held rather than taking it back for each buffer.
+pub struct DropLater(std::marker::PhantomData<*const ()>);
+
+impl DropLater {
+    /// Starts deferring on this thread.
+    pub fn new() -> DropLater {
+        LATER.with(|later| later.borrow_mut().depth += 1);
+        DropLater(std::marker::PhantomData)
+    }
+}
+
+impl Default for DropLater {
+    fn default() -> Self {
+        DropLater::new()
+    }
+}
+
+impl Drop for DropLater {
+    fn drop(&mut self) {
+        let taken = LATER.with(|later| {
+            let mut later = later.borrow_mut();
+            later.depth -= 1;
+            if later.depth == 0 {
+                std::mem::take(&mut later.entries)
+            } else {
+                Vec::new()
+            }
+        });
+        // Outside the borrow: a deleter may run Python code that launches again.
+        drop(taken);
+    }
 }
 
 fn release_loop() {

@@ -197,6 +197,7 @@ pub fn add(
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
     let _restore = crate::cuda::context::Restore::new();
+    let _later = crate::cuda::release::DropLater::new();
     let explicit = super::stream::parse(stream)?;
     let out = out.filter(|o| !o.is_none());
     // Python scalars go to the kernel by value; every other operand is imported for the kernel

@@ -79,6 +79,7 @@ impl PyElementwiseKernel {
         size: Option<usize>,
     ) -> PyResult<Py<PyAny>> {
         let _restore = crate::cuda::context::Restore::new();
+        let _later = crate::cuda::release::DropLater::new();
         let spec = self.inner.spec();
         let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
         let args: Vec<Bound<'_, PyAny>> = args.iter().collect();
@@ -217,6 +218,7 @@ impl PyRawKernel {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let _restore = crate::cuda::context::Restore::new();
+        let _later = crate::cuda::release::DropLater::new();
         let (grid, block) = (dims(grid, "grid")?, dims(block, "block")?);
         if !(args.is_instance_of::<PyTuple>() || args.is_instance_of::<PyList>()) {
             return Err(PyTypeError::new_err("args must be a tuple or a list"));
