@@ -231,6 +231,21 @@ def test_a_capsule_on_another_device_than_announced_is_refused():
     assert cb.from_dlpack(_Misannounced(ref, (3, 0))).data_ptr == ref.ctypes.data
 
 
+class _DeviceFails:
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        return np.arange(3, dtype=np.float32).__dlpack__(max_version=max_version)
+
+    def __dlpack_device__(self):
+        raise RuntimeError("no device today")
+
+
+def test_a_failing_dlpack_device_is_not_taken_for_a_host_producer():
+    """The stream handed to a producer depends on the device it announces: an error there is
+    the producer's answer, not an announcement of host memory."""
+    with pytest.raises(BufferError, match="refused: no device today"):
+        cb.from_dlpack(_DeviceFails())
+
+
 def test_asarray_sequences_scalars_and_dtypes():
     assert cb.asarray([[1, 2], [3, 4]]).dtype == "int64"
     assert cb.asarray([1.5, 2]).dtype == "float32"

@@ -167,13 +167,15 @@ fn not_a_capsule(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
     let returned = obj
         .call_method0(pyo3::intern!(obj.py(), "__dlpack__"))
         .ok()?;
-    if is_capsule(&returned) {
-        return None;
-    }
-    Some(PyTypeError::new_err(format!(
+    (!is_capsule(&returned)).then(|| no_capsule(&returned))
+}
+
+/// The TypeError for a `__dlpack__` that returned `returned`, which is no capsule.
+fn no_capsule(returned: &Bound<'_, PyAny>) -> PyErr {
+    PyTypeError::new_err(format!(
         "__dlpack__ returned a {}, not a DLPack capsule",
-        type_name(&returned)
-    )))
+        type_name(returned)
+    ))
 }
 
 /// TypeError naming `obj`'s dtype when it has one that cubridge has no dtype for (its producer
@@ -341,10 +343,13 @@ fn protocol_capsule<'py>(
     consumer: Stream,
     max_version: Option<(u32, u32)>,
 ) -> PyResult<(Bound<'py, PyAny>, Option<Announced>)> {
-    let announced = obj
-        .call_method0(pyo3::intern!(obj.py(), "__dlpack_device__"))
-        .and_then(|d| d.extract::<(u32, i32)>())
-        .ok();
+    // A producer without `__dlpack_device__` (older ones) announces nothing; one whose
+    // `__dlpack_device__` fails gives its error, since the stream handed over depends on it.
+    let announced = match obj.getattr(pyo3::intern!(obj.py(), "__dlpack_device__")) {
+        Ok(method) => Some(method.call0()?.extract::<Announced>()?),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(obj.py()) => None,
+        Err(e) => return Err(e),
+    };
     let on_cuda = announced.is_some_and(|(t, _)| t == DLDeviceType::CUDA.0);
     let kwargs = pyo3::types::PyDict::new(obj.py());
     if let Some(version) = max_version {
@@ -355,10 +360,7 @@ fn protocol_capsule<'py>(
     }
     let capsule = obj.call_method(pyo3::intern!(obj.py(), "__dlpack__"), (), Some(&kwargs))?;
     if !is_capsule(&capsule) {
-        return Err(PyTypeError::new_err(format!(
-            "__dlpack__ returned a {}, not a DLPack capsule",
-            type_name(&capsule)
-        )));
+        return Err(no_capsule(&capsule));
     }
     Ok((capsule, announced))
 }
