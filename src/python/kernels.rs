@@ -15,6 +15,8 @@ use pyo3::types::{PyList, PyTuple};
 #[pyclass(name = "ElementwiseKernel", module = "cubridge", frozen)]
 pub struct PyElementwiseKernel {
     inner: ElementwiseKernel,
+    /// How a call uses each parameter's object: inputs read, outputs written.
+    access: Vec<Access>,
 }
 
 /// `out=`: nothing, one array, or a tuple or list of them (one per output).
@@ -55,10 +57,13 @@ impl PyElementwiseKernel {
         name: &str,
         preamble: &str,
     ) -> PyResult<Self> {
+        let spec = Spec::new(in_params, out_params, operation, name, preamble)?;
+        let access = (spec.inputs.iter().map(|_| Access::Read))
+            .chain(spec.outputs.iter().map(|_| Access::Write))
+            .collect();
         Ok(PyElementwiseKernel {
-            inner: ElementwiseKernel::new(Spec::new(
-                in_params, out_params, operation, name, preamble,
-            )?),
+            inner: ElementwiseKernel::new(spec),
+            access,
         })
     }
 
@@ -106,10 +111,7 @@ impl PyElementwiseKernel {
             .map(Some)
             .chain(outs.iter().map(Option::as_ref))
             .collect();
-        let access: Vec<Access> = (0..nin + nout)
-            .map(|k| if k < nin { Access::Read } else { Access::Write })
-            .collect();
-        let mut operands = import_operands(&objs, &access, explicit)?;
+        let mut operands = import_operands(&objs, &self.access, explicit)?;
         let mut items = std::mem::take(&mut operands.items).into_iter();
         let inputs: Vec<Arg> = items
             .by_ref()
@@ -134,17 +136,21 @@ impl PyElementwiseKernel {
             unsafe { self.inner.call(&inputs, &outputs, operands.stream, size) }
         })?;
         // Outputs given are returned as themselves (like numpy's out=); new ones as arrays.
-        let mut back: Vec<Py<PyAny>> = Vec::with_capacity(nout);
-        for (given, result) in outs.into_iter().zip(results) {
-            back.push(match given {
+        let back = |given: Option<Bound<'_, PyAny>>, result| -> PyResult<Py<PyAny>> {
+            Ok(match given {
                 Some(o) => o.unbind(),
                 None => Bound::new(py, PyArray::new(result))?.into_any().unbind(),
-            });
+            })
+        };
+        let mut pairs = outs.into_iter().zip(results);
+        if nout == 1 {
+            let (given, result) = pairs.next().expect("one output, one result");
+            return back(given, result);
         }
-        if back.len() == 1 {
-            return Ok(back.remove(0));
-        }
-        Ok(PyTuple::new(py, back)?.into_any().unbind())
+        let all = pairs
+            .map(|(given, result)| back(given, result))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(PyTuple::new(py, all)?.into_any().unbind())
     }
 }
 

@@ -114,23 +114,25 @@ pub fn import_operands(
     let written: Vec<bool> = access.iter().map(|&a| a != Access::Read).collect();
     let mut taken: Vec<Option<Array>> = vec![None; objs.len()];
     let (stream, waits) = take_arrays(&arrays, &written, explicit, &mut taken)?;
-    let mut items = Vec::with_capacity(objs.len());
-    for (k, (array, value)) in taken.into_iter().zip(values).enumerate() {
+    // The arrays join the values in place: one list, in the objects' order.
+    for (k, array) in taken.into_iter().enumerate() {
         let Some(array) = array else {
-            items.push(value);
             continue;
         };
-        if !written[k] && array.ndim() == 0 && array.device().is_host_accessible() {
-            // A 0-d host array (a 0-d numpy array, a CPU scalar tensor) is a value.
-            // SAFETY: a 0-d host-accessible array has one valid element at its data pointer.
-            let v = unsafe { crate::cpu::copy::read_scalar(array.dtype(), array.data_ptr(), 0) };
-            items.push(Some(Operand::Value(v, Some(array.dtype()))));
-            continue;
-        }
-        items.push(Some(Operand::Array(array)));
+        values[k] = Some(
+            if !written[k] && array.ndim() == 0 && array.device().is_host_accessible() {
+                // A 0-d host array (a 0-d numpy array, a CPU scalar tensor) is a value.
+                // SAFETY: a 0-d host-accessible array has one valid element at its data pointer.
+                let v =
+                    unsafe { crate::cpu::copy::read_scalar(array.dtype(), array.data_ptr(), 0) };
+                Operand::Value(v, Some(array.dtype()))
+            } else {
+                Operand::Array(array)
+            },
+        );
     }
     Ok(Operands {
-        items,
+        items: values,
         stream,
         waits,
     })

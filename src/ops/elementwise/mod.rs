@@ -22,6 +22,7 @@ use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
 use source::{Role, Signature};
 use spec::Spec;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -44,6 +45,8 @@ struct Compiled {
 /// A user's elementwise kernel; see the module documentation.
 pub struct ElementwiseKernel {
     spec: Spec,
+    /// Per parameter (inputs, then outputs): whether it is `raw`.
+    raw: Vec<bool>,
     /// Per output: whether the operation may read it before writing it.
     reads: Vec<bool>,
     /// Whether the operation reads its index `i` (the loop then keeps C order).
@@ -64,6 +67,7 @@ impl ElementwiseKernel {
             .collect();
         ElementwiseKernel {
             indexed: spec::uses_index(&spec.operation),
+            raw: spec.params().map(|p| p.raw).collect(),
             spec,
             reads,
             compiled: Mutex::new(HashMap::new()),
@@ -106,51 +110,63 @@ impl ElementwiseKernel {
                 outputs.iter().filter(|o| o.is_some()).count()
             )));
         }
-        let params: Vec<&spec::Param> = spec.params().collect();
+        let param = |k: usize| {
+            if k < nin {
+                &spec.inputs[k]
+            } else {
+                &spec.outputs[k - nin]
+            }
+        };
+        let array = |k: usize| -> Option<&Array> {
+            match inputs.get(k) {
+                Some(Arg::Array(a)) => Some(a),
+                Some(Arg::Value(..)) => None,
+                None => outputs[k - nin].as_ref(),
+            }
+        };
+        // Per parameter: its role, and the dtype of the array (or of the scalar) passed for it.
         let mut roles = Vec::with_capacity(nin + nout);
-        let mut arrays: Vec<Option<&Array>> = Vec::with_capacity(nin + nout);
-        let mut given = Vec::with_capacity(nin + nout);
-        let mut scalar = Vec::with_capacity(nin + nout);
+        let mut given = Vec::with_capacity(2 * (nin + nout));
         for (k, arg) in inputs.iter().enumerate() {
+            let raw = self.raw[k];
             match arg {
                 Arg::Array(a) => {
-                    roles.push(if params[k].raw {
-                        Role::Raw
-                    } else {
-                        Role::Element
-                    });
-                    arrays.push(Some(a));
+                    roles.push(if raw { Role::Raw } else { Role::Element });
                     given.push(Some(a.dtype()));
-                    scalar.push(None);
                 }
-                Arg::Value(v, d) => {
-                    if params[k].raw {
+                Arg::Value(..) => {
+                    if raw {
                         return Err(Error::invalid(format!(
                             "{}: raw parameter {} needs an array, not a scalar",
-                            spec.name, params[k].name
+                            spec.name,
+                            param(k).name
                         )));
                     }
                     roles.push(Role::Value);
-                    arrays.push(None);
                     given.push(None);
-                    scalar.push(Some(d.unwrap_or(v.default_dtype())));
                 }
             }
         }
         for (j, out) in outputs.iter().enumerate() {
-            let p = params[nin + j];
-            if out.is_none() && p.raw {
+            let raw = self.raw[nin + j];
+            if out.is_none() && raw {
                 return Err(Error::invalid(format!(
                     "{}: raw output {} must be passed (its shape is not the loop's)",
-                    spec.name, p.name
+                    spec.name,
+                    param(nin + j).name
                 )));
             }
-            roles.push(if p.raw { Role::Raw } else { Role::Element });
-            arrays.push(out.as_ref());
+            roles.push(if raw { Role::Raw } else { Role::Element });
             given.push(out.as_ref().map(|o| o.dtype()));
-            scalar.push(None);
         }
-        let dtypes = spec.bind(&given, &scalar)?;
+        // The scalars' dtypes follow the arrays' in the same list.
+        given.extend(inputs.iter().map(|arg| match arg {
+            Arg::Value(v, d) => Some(d.unwrap_or(v.default_dtype())),
+            Arg::Array(_) => None,
+        }));
+        given.resize(2 * (nin + nout), None);
+        let (arrays_given, scalars_given) = given.split_at(nin + nout);
+        let dtypes = spec.bind(arrays_given, scalars_given)?;
         for (k, arg) in inputs.iter().enumerate() {
             if let Arg::Value(v, _) = arg {
                 crate::ops::create::check_value_kind(*v, dtypes[k], "an elementwise kernel")?;
@@ -158,18 +174,18 @@ impl ElementwiseKernel {
         }
 
         // One CUDA device for every array.
-        let device = match arrays.iter().flatten().next() {
+        let device = match (0..nin + nout).find_map(array) {
             Some(a) => a.device(),
             None => crate::cuda::current_device()?,
         };
-        for (k, a) in arrays.iter().enumerate() {
-            let Some(a) = a else { continue };
+        for k in 0..nin + nout {
+            let Some(a) = array(k) else { continue };
             if !matches!(a.device(), Device::Cuda(_)) || a.device() != device {
                 return Err(Error::invalid(format!(
                     "{}: {} is on {}, but the kernel runs on {} (elementwise kernels run on one \
                      CUDA device)",
                     spec.name,
-                    params[k].name,
+                    param(k).name,
                     a.device(),
                     if matches!(device, Device::Cuda(_)) {
                         device.to_string()
@@ -182,10 +198,11 @@ impl ElementwiseKernel {
 
         // The loop's shape: the broadcast of every element operand.
         let mut shape: Option<Vec<usize>> = None;
-        for (k, a) in arrays.iter().enumerate() {
-            if let (Some(a), Role::Element) = (a, roles[k]) {
+        for (k, role) in roles.iter().enumerate() {
+            if let (Some(a), Role::Element) = (array(k), role) {
                 shape = Some(match shape {
                     None => a.shape().to_vec(),
+                    Some(s) if s == a.shape() => s,
                     Some(s) => broadcast_shapes(&s, a.shape())?,
                 });
             }
@@ -208,20 +225,22 @@ impl ElementwiseKernel {
                 )))
             }
         };
-        let element_inputs: Vec<&Array> = (0..nin)
-            .filter(|&k| roles[k] == Role::Element)
-            .filter_map(|k| arrays[k])
-            .collect();
-        for (j, out) in outputs.iter().enumerate() {
-            if let (Some(out), Role::Element) = (out, roles[nin + j]) {
-                crate::ops::add::check_out(out, &shape, dtypes[nin + j], &element_inputs)
-                    .map_err(|e| name_error(e, &params[nin + j].name))?;
-            } else if let Some(out) = out {
-                if out.readonly() {
-                    return Err(Error::ReadOnly(format!(
-                        "{} is read-only: its producer does not allow writes",
-                        params[nin + j].name
-                    )));
+        if outputs.iter().any(Option::is_some) {
+            let element_inputs: Vec<&Array> = (0..nin)
+                .filter(|&k| roles[k] == Role::Element)
+                .filter_map(array)
+                .collect();
+            for (j, out) in outputs.iter().enumerate() {
+                if let (Some(out), Role::Element) = (out, roles[nin + j]) {
+                    crate::ops::add::check_out(out, &shape, dtypes[nin + j], &element_inputs)
+                        .map_err(|e| name_error(e, &param(nin + j).name))?;
+                } else if let Some(out) = out {
+                    if out.readonly() {
+                        return Err(Error::ReadOnly(format!(
+                            "{} is read-only: its producer does not allow writes",
+                            param(nin + j).name
+                        )));
+                    }
                 }
             }
         }
@@ -241,78 +260,79 @@ impl ElementwiseKernel {
         if n == 0 {
             return Ok(outs);
         }
-        // Every operand as the kernel sees it: element inputs broadcast to the loop's shape.
-        let mut operands: Vec<Option<Array>> = Vec::with_capacity(nin + nout);
-        for k in 0..nin {
-            operands.push(match (arrays[k], roles[k]) {
-                (Some(a), Role::Element) if a.shape() != shape => Some(a.broadcast_to(&shape)?),
-                (Some(a), _) => Some(a.clone()),
+        // Every operand as the kernel sees it (element inputs broadcast to the loop's shape,
+        // borrowed where they have it already), inputs then outputs.
+        let mut operands: Vec<Option<Cow<'_, Array>>> = Vec::with_capacity(nin + nout);
+        for (k, role) in roles.iter().enumerate().take(nin) {
+            operands.push(match (array(k), role) {
+                (Some(a), Role::Element) if a.shape() != shape => {
+                    Some(Cow::Owned(a.broadcast_to(&shape)?))
+                }
+                (Some(a), _) => Some(Cow::Borrowed(a)),
                 (None, _) => None,
             });
         }
-        operands.extend(outs.iter().cloned().map(Some));
-        let all: Vec<&Array> = operands.iter().flatten().collect();
+        operands.extend(outs.iter().map(|o| Some(Cow::Borrowed(o))));
+        let all: Vec<&Array> = operands.iter().flatten().map(|a| &**a).collect();
         launch.order(&all)?;
 
-        let elements: Vec<usize> = (0..nin + nout)
-            .filter(|&k| roles[k] == Role::Element)
-            .collect();
-        let operand = |k: usize| {
+        let operand = |k: usize| -> &Array {
             operands[k]
-                .as_ref()
+                .as_deref()
                 .expect("an element operand is an array")
         };
+        let is_element = |k: &usize| roles[*k] == Role::Element;
         // The loop's plan over the element operands, led by the first element output (its
         // writes run along its unit stride), in C order when the operation reads its index.
-        let planned: Vec<Operand<'_>> = elements.iter().map(|&k| Operand::of(operand(k))).collect();
-        let lead = (!self.indexed).then(|| elements.iter().position(|&k| k >= nin).unwrap_or(0));
+        let planned: Vec<Operand<'_>> = (0..nin + nout)
+            .filter(is_element)
+            .map(|k| Operand::of(operand(k)))
+            .collect();
+        let lead = (!self.indexed).then(|| {
+            (0..nin + nout)
+                .filter(is_element)
+                .position(|k| k >= nin)
+                .unwrap_or(0)
+        });
         let width = compiled.width;
         let plan = Plan::new(&shape, n, &planned, lead, width, false);
-        let mut p = Params::new();
-        let push_rest = |p: &mut Params, k: usize| -> Result<()> {
-            match (&inputs.get(k), roles[k]) {
-                (Some(Arg::Value(v, _)), Role::Value) => {
+        let strided = matches!(plan.variant, Variant::Strided | Variant::Tiled { .. });
+        let mut p = Params::with_capacity(
+            nin + nout + 2,
+            (nin + nout) * size_of::<params::Raw>() + size_of::<params::Shape>() + 8,
+        );
+        let mut next = plan.strides.iter();
+        for (k, role) in roles.iter().enumerate() {
+            match (role, inputs.get(k)) {
+                (Role::Element, _) if strided => {
+                    let s = next.next().expect("one stride list per element operand");
+                    p.push(params::Strided::new(operand(k).data_ptr(), s));
+                }
+                (Role::Element, _) => p.push(operand(k).data_ptr()),
+                (Role::Value, Some(Arg::Value(v, _))) => {
                     p.push_bytes(crate::cpu::copy::ElementBytes::new(dtypes[k], *v).as_bytes())
                 }
                 _ => p.push(params::Raw::new(operand(k))?),
             }
-            Ok(())
-        };
+        }
+        p.push(n as i64);
         let wide = plan.index == kernels::Index::I64;
         let (function, grid) = match plan.variant {
-            Variant::Vector | Variant::Contiguous => {
-                for (k, role) in roles.iter().enumerate() {
-                    match role {
-                        Role::Element => p.push(operand(k).data_ptr()),
-                        _ => push_rest(&mut p, k)?,
-                    }
-                }
-                p.push(n as i64);
-                if plan.variant == Variant::Vector {
-                    let f = compiled.functions[if wide { 2 } else { 1 }];
-                    (f, plan.vector_blocks(width, BLOCK))
-                } else {
-                    let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
-                    (compiled.functions[0], blocks)
-                }
-            }
+            Variant::Vector => (
+                compiled.functions[if wide { 2 } else { 1 }],
+                plan.vector_blocks(width, BLOCK),
+            ),
+            Variant::Contiguous => (
+                compiled.functions[0],
+                kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?,
+            ),
             // (This family has no tiled variant: Plan::new was told so.)
             Variant::Strided | Variant::Tiled { .. } => {
-                let g = params::Shape::new(&plan.shape)?;
-                let mut next = plan.strides.iter();
-                for (k, role) in roles.iter().enumerate() {
-                    match role {
-                        Role::Element => {
-                            let s = next.next().expect("one stride list per element operand");
-                            p.push(params::Strided::new(operand(k).data_ptr(), s));
-                        }
-                        _ => push_rest(&mut p, k)?,
-                    }
-                }
-                p.push(n as i64);
-                p.push(g);
-                let blocks = kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?;
-                (compiled.functions[if wide { 4 } else { 3 }], blocks)
+                p.push(params::Shape::new(&plan.shape)?);
+                (
+                    compiled.functions[if wide { 4 } else { 3 }],
+                    kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?,
+                )
             }
         };
         let mut pointers = p.pointers();
@@ -337,9 +357,10 @@ impl ElementwiseKernel {
                 &mut pointers,
             )?
         };
-        let input_arrays: Vec<&Array> = operands[..nin].iter().flatten().collect();
-        let output_arrays: Vec<&Array> = outs.iter().collect();
-        launch.finish(&input_arrays, &output_arrays)?;
+        // `all` is the input arrays, then the outputs.
+        let (input_arrays, output_arrays) = all.split_at(all.len() - nout);
+        launch.finish(input_arrays, output_arrays)?;
+        drop(operands);
         Ok(outs)
     }
 

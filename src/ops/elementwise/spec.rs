@@ -183,9 +183,9 @@ impl Spec {
     /// scalars meet takes their default; an array must have its parameter's dtype exactly (no
     /// silent casts).
     pub fn bind(&self, given: &[Option<DType>], python: &[Option<DType>]) -> Result<Vec<DType>> {
-        let params: Vec<&Param> = self.params().collect();
+        // Few type names per kernel: a short list, searched in place.
         let mut bound: Vec<(&str, DType)> = Vec::new();
-        for (p, d) in params.iter().zip(given) {
+        for (p, d) in self.params().zip(given) {
             let (Type::Generic(t), Some(d)) = (&p.ty, d) else {
                 continue;
             };
@@ -201,15 +201,15 @@ impl Spec {
                 None => bound.push((t, *d)),
             }
         }
-        for (p, d) in params.iter().zip(python) {
+        for (p, d) in self.params().zip(python) {
             if let (Type::Generic(t), Some(d)) = (&p.ty, d) {
                 if !bound.iter().any(|(n, _)| n == t) {
                     bound.push((t, *d));
                 }
             }
         }
-        let mut dtypes = Vec::with_capacity(params.len());
-        for (p, d) in params.iter().zip(given) {
+        let mut dtypes = Vec::with_capacity(given.len());
+        for (p, d) in self.params().zip(given) {
             let want = match &p.ty {
                 Type::Fixed(f) => *f,
                 Type::Generic(t) => match bound.iter().find(|(n, _)| n == t) {
