@@ -29,8 +29,12 @@ pub struct Imported {
 }
 
 fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
-    obj.hasattr(pyo3::intern!(obj.py(), "__dlpack__"))
-        .unwrap_or(false)
+    // Producers define `__dlpack__` on their type (answered from the per-type cache, without
+    // making a bound method); an instance attribute of that name is looked up as well.
+    type_facts(obj).dlpack
+        || obj
+            .hasattr(pyo3::intern!(obj.py(), "__dlpack__"))
+            .unwrap_or(false)
 }
 
 fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
@@ -247,18 +251,31 @@ enum Table {
     Unusable,
 }
 
-/// `obj`'s type's [`Table`], decided once per type: the question costs an attribute lookup
-/// that fails with an exception for every type without one, on every import. The cache holds
-/// the types, so that an address is never reused for another.
+/// What cubridge needs to know of a producer's type: its [`Table`], and whether the type
+/// defines `__dlpack__`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct TypeFacts {
+    table: Table,
+    dlpack: bool,
+}
+
+/// `obj`'s type's [`Table`].
 fn exchange_table(obj: &Bound<'_, PyAny>) -> Table {
-    type Cache = Vec<(Py<pyo3::types::PyType>, Table)>;
+    type_facts(obj).table
+}
+
+/// `obj`'s type's [`TypeFacts`], decided once per type: each question costs an attribute lookup
+/// (one that fails with an exception, for a type without an exchange table) on every import.
+/// The cache holds the types, so that an address is never reused for another.
+fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
+    type Cache = Vec<(Py<pyo3::types::PyType>, TypeFacts)>;
     static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Vec::new());
     const MAX_TYPES: usize = 64;
     let ty = obj.get_type();
     {
         let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, table)) = cache.iter().find(|(t, _)| t.is(&ty)) {
-            return *table;
+        if let Some((_, facts)) = cache.iter().find(|(t, _)| t.is(&ty)) {
+            return *facts;
         }
     }
     let table = if !ty
@@ -271,11 +288,15 @@ fn exchange_table(obj: &Bound<'_, PyAny>) -> Table {
     } else {
         Table::Unusable
     };
+    let dlpack = ty
+        .hasattr(pyo3::intern!(obj.py(), "__dlpack__"))
+        .unwrap_or(false);
+    let facts = TypeFacts { table, dlpack };
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     if cache.len() < MAX_TYPES && !cache.iter().any(|(t, _)| t.is(&ty)) {
-        cache.push((ty.unbind(), table));
+        cache.push((ty.unbind(), facts));
     }
-    table
+    facts
 }
 
 fn table_belongs_to_protocol(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bool> {
@@ -331,8 +352,11 @@ fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
     )))
 }
 
+/// The `max_version` cubridge passes to `__dlpack__`: the newest DLPack it reads.
+const MAX_VERSION_ASKED: [u32; 2] = [1, 3];
+
 /// `obj.__dlpack__` called by cubridge itself, with `consumer` as the stream of a CUDA producer
-/// (cubridge numbers streams as DLPack does) and `max_version` when given, with the device that
+/// (cubridge numbers streams as DLPack does) and `max_version` when `versioned`, with the device that
 /// `obj.__dlpack_device__()` announced (`None` without one). For producers without a usable
 /// exchange table (dlpark's import request would look for one first, an attribute lookup that
 /// raises and swallows an exception on every call for a type without one, and would consult
@@ -341,7 +365,7 @@ fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
 fn protocol_capsule<'py>(
     obj: &Bound<'py, PyAny>,
     consumer: Stream,
-    max_version: Option<(u32, u32)>,
+    versioned: bool,
 ) -> PyResult<(Bound<'py, PyAny>, Option<Announced>)> {
     // A producer without `__dlpack_device__` (older ones) announces nothing; one whose
     // `__dlpack_device__` fails gives its error, since the stream handed over depends on it.
@@ -352,8 +376,16 @@ fn protocol_capsule<'py>(
     };
     let on_cuda = announced.is_some_and(|(t, _)| t == DLDeviceType::CUDA.0);
     let kwargs = pyo3::types::PyDict::new(obj.py());
-    if let Some(version) = max_version {
-        kwargs.set_item(pyo3::intern!(obj.py(), "max_version"), version)?;
+    if versioned {
+        // The version cubridge reads, as a tuple made once.
+        static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
+        let version = MAX_VERSION.get_or_try_init(obj.py(), || {
+            PyTuple::new(obj.py(), MAX_VERSION_ASKED).map(Bound::unbind)
+        })?;
+        kwargs.set_item(
+            pyo3::intern!(obj.py(), "max_version"),
+            version.bind(obj.py()),
+        )?;
     }
     if on_cuda {
         kwargs.set_item(pyo3::intern!(obj.py(), "stream"), consumer.dlpack())?;
@@ -422,7 +454,7 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
             return Ok((dlpark_import(obj.as_borrowed(), None, None)?, None));
         }
         if table != Table::Usable {
-            let (capsule, announced) = protocol_capsule(obj, consumer, Some((1, 3)))?;
+            let (capsule, announced) = protocol_capsule(obj, consumer, true)?;
             return Ok((dlpark_import(capsule.as_borrowed(), None, None)?, announced));
         }
         // A producer whose table could not serve (it refused, or the tensor has a lazy sign):
@@ -436,7 +468,7 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
             // in the capsule. Both are host memory that needs no stream, so the capsule is taken
             // at its word instead of failing the device check.
             let kwargs = pyo3::types::PyDict::new(py);
-            kwargs.set_item("max_version", (1u32, 3u32))?;
+            kwargs.set_item("max_version", (MAX_VERSION_ASKED[0], MAX_VERSION_ASKED[1]))?;
             let capsule = obj.call_method("__dlpack__", (), Some(&kwargs))?;
             return Ok((dlpark_import(capsule.as_borrowed(), None, None)?, None));
         }
@@ -453,7 +485,7 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
     let (imported, announced) = match attempt() {
         Ok(imported) => imported,
         Err(e) if e.is_instance_of::<PyTypeError>(py) && !is_capsule(obj) => {
-            let (capsule, announced) = protocol_capsule(obj, consumer, None).map_err(|_| e)?;
+            let (capsule, announced) = protocol_capsule(obj, consumer, false).map_err(|_| e)?;
             (dlpark_import(capsule.as_borrowed(), None, None)?, announced)
         }
         Err(e) => return Err(e),
