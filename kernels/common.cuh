@@ -1,8 +1,8 @@
 // What every kernel of cubridge's own shares, compiled at run time by NVRTC: the element types,
-// the exact widening conversions and the addition of each dtype, the strided geometry, packs of
-// elements for aligned accesses, and the two ways add takes its second input. Each module is
-// this header, one kernel source (elementwise.cu, tiled.cu, gather.cu) and the `extern "C"`
-// wrappers the host appends per dtype (src/cuda/kernels.rs). The host defines CB_HALF where a
+// the exact widening conversions and the addition of each dtype, packs of elements for aligned
+// accesses, and the two ways add takes its second input. Each module is abi.cuh (the parameter
+// structs), this header, one kernel source (elementwise.cu, tiled.cu, gather.cu) and the
+// `extern "C"` wrappers the host appends per dtype (src/cuda/kernels.rs). The host defines CB_HALF where a
 // float16 or bfloat16 operand needs their headers, which take a fifth of a small module's compile
 // time otherwise.
 
@@ -10,8 +10,6 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #endif
-
-#define CB_MAX_DIMS 8
 
 struct c64 { float re, im; };
 struct c128 { double re, im; };
@@ -89,13 +87,6 @@ template <> struct Add<c64> {
 };
 template <> struct Add<c128> {
     __device__ static c128 run(c128 a, c128 b) { return c128{a.re + b.re, a.im + b.im}; }
-};
-
-// Shape and element strides of the coalesced loop nest, innermost last; stride[k] is operand k's.
-struct Geometry {
-    long long shape[CB_MAX_DIMS];
-    long long stride[3][CB_MAX_DIMS];
-    int ndim;
 };
 
 template <typename A, typename B, typename R>

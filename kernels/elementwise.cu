@@ -51,19 +51,21 @@ __device__ void add_contiguous(R* out, const A* a, SB b, I n) {
 
 // Any strides over up to CB_MAX_DIMS coalesced dimensions. I is the index and offset type: int
 // when every index and offset fits in 31 bits (32-bit division is far cheaper), else long long.
+// `sb` are b's strides when it is Dense (a Splat has none).
 template <typename A, typename B, typename R, typename I, typename SB>
-__device__ void add_strided(R* out, const A* a, SB b, I n, const Geometry& g) {
+__device__ void add_strided(const CbStrided<R>& out, const CbStrided<A>& a, SB b,
+                            const long long* sb, I n, const CbShape& g) {
     I step = (I)gridDim.x * blockDim.x;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
         I rem = i, oo = 0, oa = 0, ob = 0;
         for (int d = g.ndim - 1; d >= 0; --d) {
-            I extent = (I)g.shape[d];
+            I extent = (I)g.d[d];
             I idx = rem % extent;
             rem /= extent;
-            oo += idx * (I)g.stride[0][d];
-            oa += idx * (I)g.stride[1][d];
-            ob += idx * (I)g.stride[2][d];
+            oo += idx * (I)out.s[d];
+            oa += idx * (I)a.s[d];
+            if constexpr (SB::dense) ob += idx * (I)sb[d];
         }
-        out[oo] = add_one<A, B, R>(a[oa], b.at(ob));
+        out.p[oo] = add_one<A, B, R>(a.p[oa], b.at(ob));
     }
 }

@@ -174,7 +174,8 @@ __device__ __forceinline__ void add_pair_tile(R* out, const A* a, SB b, const Ti
 // With PAIRS (2-byte elements only), bit 2 says that every pair is aligned, and the interior
 // tiles then move pairs (add_pair_tile).
 template <typename A, typename B, typename R, typename I, typename SB, bool PAIRS = false>
-__device__ void add_tiled(R* out, const A* a, SB b, I rows, I cols, const Geometry& g, int tile) {
+__device__ void add_tiled(R* out, const A* a, SB b, I rows, I cols, I so0, I sa0, I sa1, I sb0,
+                          I sb1, int tile) {
     static_assert(!PAIRS || (sizeof(A) == 2 && sizeof(B) == 2 && sizeof(R) == 2),
                   "pairs are of 2-byte elements");
     constexpr int E = TileOf<A>::edge < TileOf<B>::edge ? TileOf<A>::edge : TileOf<B>::edge;
@@ -189,11 +190,11 @@ __device__ void add_tiled(R* out, const A* a, SB b, I rows, I cols, const Geomet
         SB::dense && (tile & 2),
         rows,
         cols,
-        (I)g.stride[0][0],
-        (I)g.stride[1][0],
-        (I)g.stride[1][1],
-        (I)g.stride[2][0],
-        (I)g.stride[2][1],
+        so0,
+        sa0,
+        sa1,
+        sb0,
+        sb1,
     };
     const I tiles_c = (cols + E - 1) / E;
     const I tiles = ((rows + E - 1) / E) * tiles_c;

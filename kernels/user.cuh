@@ -1,25 +1,11 @@
-// The common header of users' elementwise kernels (cubridge.ElementwiseKernel): the types that
-// the generated code passes (packs, strided pointers, raw arrays, the index), complex numbers
-// with arithmetic, and the dtype names as C++ types. The host mirrors the parameter structs in
+// The common header of users' elementwise kernels (cubridge.ElementwiseKernel), after abi.cuh:
+// the types that the generated code passes (packs, raw arrays, the index), complex numbers with
+// arithmetic, and the dtype names as C++ types. The host mirrors CbRaw in
 // src/ops/elementwise/params.rs: keep the two in step.
-
-#define CB_MAX_DIMS 8
 
 // V consecutive elements moved as one aligned access.
 template <typename T, int V> struct alignas(sizeof(T) * V) CbPack {
     T v[V];
-};
-
-// An operand read or written at any strides (elements), over the loop's coalesced shape.
-template <typename T> struct CbStrided {
-    T* p;
-    long long s[CB_MAX_DIMS];
-};
-
-// The coalesced shape of the loop, innermost last.
-struct CbShape {
-    long long d[CB_MAX_DIMS];
-    int ndim;
 };
 
 // A `raw` parameter: the whole array, indexed by a C-order linear index over its own shape.

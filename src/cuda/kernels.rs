@@ -10,7 +10,10 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Mutex;
 
-/// What every module of cubridge's own starts with.
+/// The parameter structs of every elementwise kernel (cubridge's own and users'), which every
+/// program starts with; mirrored by [`crate::ops::elementwise::params`].
+pub const ABI: &str = include_str!("../../kernels/abi.cuh");
+/// What every module of cubridge's own has after [`ABI`].
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 /// add's contiguous, vector and strided kernels.
 const FLAT: &str = include_str!("../../kernels/elementwise.cu");
@@ -54,18 +57,6 @@ pub const TILE_BLOCK: (u32, u32) = (32, 8);
 
 /// Most dimensions the strided kernels take after coalescing (`CB_MAX_DIMS`).
 pub const MAX_DIMS: usize = 8;
-
-/// The strided kernels' `Geometry` parameter, laid out as the C struct.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct Geometry {
-    /// Shape, innermost last.
-    pub shape: [i64; MAX_DIMS],
-    /// Element strides of out, a, b (or out, src).
-    pub stride: [[i64; MAX_DIMS]; 3],
-    /// Number of dimensions in use.
-    pub ndim: i32,
-}
 
 /// The CUDA C++ type that stores a dtype.
 pub fn c_type(d: DType) -> &'static str {
@@ -241,7 +232,8 @@ fn is_half(dtype: DType) -> bool {
     matches!(dtype, DType::Float16 | DType::BFloat16)
 }
 
-/// A program of cubridge's own: the common header, one kernel source `part`, and `wrappers`;
+/// A program of cubridge's own: the ABI and common headers, one kernel source `part`, and
+/// `wrappers`;
 /// `half` where a float16 or bfloat16 operand needs their headers. Compiled with NVRTC's
 /// `-minimal`, which leaves out what these kernels never use (textures, device-side launches,
 /// the runtime's types): the same machine code, 5 to 30 ms sooner per module on the
@@ -250,7 +242,7 @@ fn own(name: String, half: bool, part: &str, wrappers: String, functions: &[&str
     let define = if half { "#define CB_HALF\n" } else { "" };
     Program {
         name,
-        source: format!("{define}{COMMON}\n{part}\n{wrappers}"),
+        source: format!("{define}{ABI}\n{COMMON}\n{part}\n{wrappers}"),
         options: vec![nvrtc::MINIMAL.to_string()],
         functions: functions.iter().map(|f| f.to_string()).collect(),
     }
@@ -351,57 +343,69 @@ fn add_module(
     })
 }
 
-/// The program of one part of the add kernels for one dtype triple and index width.
+/// The program of one part of the add kernels for one dtype triple and index width. Each kernel
+/// takes the parameters of its variant as `kernels/abi.cuh` lays them out for the operands a, b
+/// (an array, or a value: a `Splat`), out.
 fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Index) -> Program {
     let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
     let width = vector_width(a, b, r);
-    let (b_param, b_arg, b_type) = match second {
+    // The 32-bit variants index in `unsigned int` (contiguous) or `int` (strided, tiled).
+    let (suffix, unsigned, signed) = match index {
+        Index::I32 => ("32", "unsigned int", "int"),
+        Index::I64 => ("64", "long long", "long long"),
+    };
+    // b as the flat and the strided kernels take it, as the templates read it, its strides,
+    // and its strides along the tiled kernel's two dimensions.
+    let (b_flat, b_strided, b_read, b_read_strided, b_strides, b_tile) = match second {
         Second::Array => (
             format!("const {tb}* b"),
+            format!("CbStrided<{tb}> b"),
             format!("Dense<{tb}>{{b}}"),
-            format!("Dense<{tb}>"),
+            format!("Dense<{tb}>{{b.p}}"),
+            "b.s",
+            format!("({signed})b.s[0], ({signed})b.s[1]"),
         ),
         Second::Value => (
             format!("Splat<{tb}> b"),
+            format!("Splat<{tb}> b"),
             "b".to_string(),
-            format!("Splat<{tb}>"),
+            "b".to_string(),
+            "nullptr",
+            format!("({signed})0, ({signed})0"),
         ),
+    };
+    let b_type = match second {
+        Second::Array => format!("Dense<{tb}>"),
+        Second::Value => format!("Splat<{tb}>"),
     };
     // The tiled kernel keeps four blocks per SM (at most 64 registers a thread): its loads
     // in flight, not its arithmetic, set its speed. Its 64-bit addresses need more
     // registers, so the 64-bit variant keeps three (80 registers: no spills).
-    let (suffix, unsigned, signed, tiled_blocks) = match index {
-        Index::I32 => ("32", "unsigned int", "int", 4),
-        Index::I64 => ("64", "long long", "long long", 3),
+    let tiled_blocks = if index == Index::I32 { 4 } else { 3 };
+    let flat = |name: &str, v: usize| {
+        format!(
+            "extern \"C\" __global__ void {name}(const {ta}* a, {b_flat}, {tr}* o, long long n) \
+             {{ add_contiguous<{ta}, {tb}, {tr}, {v}>(o, a, {b_read}, ({unsigned})n); }}\n"
+        )
     };
     let (wrappers, names): (String, &[&str]) = match part {
-        AddPart::Contiguous => (
-            format!(
-                "extern \"C\" __global__ void cb_add_contiguous({tr}* o, const {ta}* a, \
-                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, 1>(o, a, {b_arg}, n); }}\n"
-            ),
-            &["cb_add_contiguous"],
-        ),
-        AddPart::Vector => (
-            format!(
-                "extern \"C\" __global__ void cb_add_vector({tr}* o, const {ta}* a, \
-                 {b_param}, {unsigned} n) {{ add_contiguous<{ta}, {tb}, {tr}, {width}>(o, a, {b_arg}, n); }}\n"
-            ),
-            &["cb_add_vector"],
-        ),
+        AddPart::Contiguous => (flat("cb_add_contiguous", 1), &["cb_add_contiguous"]),
+        AddPart::Vector => (flat("cb_add_vector", width), &["cb_add_vector"]),
         AddPart::Strided => (
             format!(
-                "extern \"C\" __global__ void cb_add_strided({tr}* o, const {ta}* a, \
-                 {b_param}, {signed} n, Geometry g) {{ add_strided<{ta}, {tb}, {tr}>(o, a, {b_arg}, n, g); }}\n"
+                "extern \"C\" __global__ void cb_add_strided(CbStrided<{ta}> a, {b_strided}, \
+                 CbStrided<{tr}> o, long long n, CbShape g) {{ add_strided<{ta}, {tb}, {tr}, \
+                 {signed}>(o, a, {b_read_strided}, {b_strides}, ({signed})n, g); }}\n"
             ),
             &["cb_add_strided"],
         ),
         AddPart::Tiled => (
             format!(
                 "extern \"C\" __global__ void __launch_bounds__(256, {tiled_blocks}) \
-                 cb_add_tiled({tr}* o, const {ta}* a, {b_param}, {signed} rows, {signed} cols, \
-                 Geometry g, int tile) {{ add_tiled<{ta}, {tb}, {tr}, {signed}, {b_type}, {}>\
-                 (o, a, {b_arg}, rows, cols, g, tile); }}\n",
+                 cb_add_tiled(CbStrided<{ta}> a, {b_strided}, CbStrided<{tr}> o, long long n, \
+                 CbShape g, int tile) {{ (void)n; add_tiled<{ta}, {tb}, {tr}, {signed}, \
+                 {b_type}, {}>(o.p, a.p, {b_read_strided}, ({signed})g.d[0], ({signed})g.d[1], \
+                 ({signed})o.s[0], ({signed})a.s[0], ({signed})a.s[1], {b_tile}, tile); }}\n",
                 pairs([a, b, r])
             ),
             &["cb_add_tiled"],
@@ -436,8 +440,8 @@ pub fn gather(ordinal: u32, dtype: DType) -> Result<sys::CUfunction> {
 fn gather_program(dtype: DType) -> Program {
     let t = c_type(dtype);
     let wrappers = format!(
-        "extern \"C\" __global__ void cb_gather({t}* o, const {t}* s, long long n, \
-         Geometry g) {{ gather<{t}>(o, s, n, g); }}\n"
+        "extern \"C\" __global__ void cb_gather(CbStrided<{t}> s, {t}* o, long long n, \
+         CbShape g) {{ gather<{t}>(o, s, n, g); }}\n"
     );
     own(
         format!("gather_{dtype}"),
@@ -502,39 +506,6 @@ pub fn grid(ordinal: u32, wanted: usize, block: u32) -> Result<u32> {
     let sms = context::sm_count(ordinal)?;
     let resident = sms * (THREADS_PER_SM / block as usize).max(1);
     Ok(wanted.clamp(1, resident) as u32)
-}
-
-impl Geometry {
-    /// The kernel geometry of a coalesced plan (operand order as the plan's).
-    pub fn from_plan<const N: usize>(plan: &crate::layout::Coalesced<N>) -> Result<Geometry> {
-        Geometry::new(&plan.shape, &plan.strides)
-    }
-
-    /// The kernel geometry of a merged `shape` and up to three operands' strides over it (an
-    /// operand left out has stride 0: a value).
-    pub fn new<S: std::ops::Deref<Target = [isize]>>(
-        shape: &[usize],
-        strides: &[S],
-    ) -> Result<Geometry> {
-        let ndim = shape.len();
-        if ndim > MAX_DIMS {
-            return Err(crate::Error::invalid(format!(
-                "the CUDA kernels take at most {MAX_DIMS} dimensions after merging contiguous \
-                 ones; this layout needs {ndim}"
-            )));
-        }
-        let mut g = Geometry {
-            ndim: ndim as i32,
-            ..Default::default()
-        };
-        for d in 0..ndim {
-            g.shape[d] = shape[d] as i64;
-            for (k, s) in strides.iter().take(3).enumerate() {
-                g.stride[k][d] = s[d] as i64;
-            }
-        }
-        Ok(g)
-    }
 }
 
 /// Compiles cubridge's own programs with NVRTC when `CUBRIDGE_TEST_NVRTC_DIR` names a folder

@@ -2,19 +2,21 @@
 //! launch (CPU loop or CUDA kernel). Inputs and `out` are used in place, never copied.
 
 use crate::array::Array;
+use crate::cpu::copy::ElementBytes;
 use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
 use crate::cuda::kernels::AddPart;
+use crate::cuda::launch::BLOCK;
 use crate::cuda::stream::Stream;
-use crate::cuda::{kernels, launch, stream as cuda_stream};
+use crate::cuda::{kernels, stream as cuda_stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{shape_str, Error, Result};
 use crate::layout::broadcast_shapes;
+use crate::ops::elementwise::params::{self, Kernel, Param};
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
 use std::borrow::Cow;
-use std::ffi::c_void;
 
 /// `a + b` with numpy broadcasting and Array API promotion, written into `out` when given (which
 /// must have the broadcast shape and the promoted dtype, and may be `a` or `b` itself) or into a
@@ -122,7 +124,7 @@ fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
 /// and unit stride along cols with an even stride across for an input read in place. `strides`
 /// are the merged plan's (out, a, and b unless it is a value); `tile` the mask of tiled inputs
 /// (bit 0: a, bit 1: b).
-fn pairs_fit(strides: &[Vec<isize>], tile: i32, pointers: [*mut u8; 3]) -> bool {
+fn pairs_fit(strides: &[&[isize]], tile: i32, pointers: [*mut u8; 3]) -> bool {
     let even = |s: isize| s % 2 == 0;
     pointers.iter().all(|&p| (p as usize) % 4 == 0)
         && even(strides[0][0])
@@ -135,7 +137,7 @@ fn pairs_fit(strides: &[Vec<isize>], tile: i32, pointers: [*mut u8; 3]) -> bool 
 }
 
 fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
-    let (ordinal, stream) = (launch.ordinal(), launch.stream());
+    let ordinal = launch.ordinal();
     let b_array = match b {
         Second::Array(b) => Some(b),
         Second::Value(_) => None,
@@ -146,130 +148,89 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     // A value has the result's dtype (add_scalar).
     let b_dtype = b_array.map_or(out.dtype(), |b| b.dtype());
     let dtypes = [a.dtype(), b_dtype, out.dtype()];
-    // The loop's operands, led by out: out, a, and b unless it is a value (passed among the
-    // parameters, stride 0 everywhere).
-    let operands = [
-        Operand::of(&out),
-        Operand::of(a),
-        Operand::of(b_array.unwrap_or(a)),
-    ];
-    let walked = if b_array.is_some() { 3 } else { 2 };
-    let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
-    let plan = Plan::new(out.shape(), n, &operands[..walked], Some(0), width, true);
-    let (second, mut pb, mut value) = match b {
-        Second::Array(b) => (kernels::Second::Array, b.data_ptr(), None),
+    // The kernel's operands in its parameter order: a, b (an array, or a value among the
+    // parameters, which the loop does not walk), out. The loop is led by out, the last operand
+    // it walks (its writes run along its unit stride).
+    let (second, b_param) = match b {
+        Second::Array(b) => (kernels::Second::Array, Param::Element(b)),
         Second::Value(v) => (
             kernels::Second::Value,
-            std::ptr::null_mut(),
-            Some(crate::cpu::copy::ElementBytes::new(out.dtype(), v)),
+            Param::Value(ElementBytes::new(out.dtype(), v)),
         ),
     };
+    let (with_b, without_b);
+    let walked: &[Operand<'_>] = match b_array {
+        Some(b) => {
+            with_b = [Operand::of(a), Operand::of(b), Operand::of(&out)];
+            &with_b
+        }
+        None => {
+            without_b = [Operand::of(a), Operand::of(&out)];
+            &without_b
+        }
+    };
+    let lead = walked.len() - 1;
+    let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
+    let plan = Plan::new(out.shape(), n, walked, Some(lead), width, true);
     let index = plan.index;
-    let wide = index == kernels::Index::I64;
-    let (mut o, mut pa) = (out.data_ptr(), a.data_ptr());
-    // Kernel arguments after the pointers, in either index width.
-    let (mut n32, mut n64) = (n as u32, n as i64);
-    // The second parameter is b's pointer, or the value itself for the scalar kernels.
-    let b_param: *mut c_void = match &mut value {
-        None => (&mut pb as *mut *mut u8).cast(),
-        Some(value) => value.as_mut_ptr().cast(),
+    let flat = |part| -> Result<Kernel> {
+        Ok(Kernel {
+            function: kernels::add(ordinal, dtypes, second, index, part)?,
+            grid: plan.blocks(ordinal, width, BLOCK)?,
+            block: (BLOCK, 1),
+            shared: 0,
+            tile: None,
+        })
     };
-    let mut params: [*mut c_void; 7] = [
-        (&mut o as *mut *mut u8).cast(),
-        (&mut pa as *mut *mut u8).cast(),
-        b_param,
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    ];
-    let count: *mut c_void = if wide {
-        (&mut n64 as *mut i64).cast()
-    } else {
-        (&mut n32 as *mut u32).cast()
-    };
-    let block = launch::BLOCK;
-    let mut shared = 0;
-    // Set (and pointed to by `params`) only by the variants that take them.
-    let mut geometry: kernels::Geometry;
-    let (mut rows32, mut cols32, mut rows64, mut cols64): (i32, i32, i64, i64);
-    let mut tile: i32;
-    // How many parameters, the kernel, the grid, the block, and whether the grid is the kernel's
-    // whole work (the vector kernel: one chunk per block; the tiled kernel: one tile per block)
-    // rather than a size to cap at what the device keeps resident.
-    let (used, function, grid, block, whole) = match plan.variant {
-        Variant::Vector => {
-            params[3] = count;
-            let vector = kernels::add(ordinal, dtypes, second, index, AddPart::Vector)?;
-            let blocks = plan.vector_blocks(width, block) as usize;
-            (4, vector, blocks, (block, 1), true)
-        }
-        Variant::Contiguous => {
-            params[3] = count;
-            let contiguous = kernels::add(ordinal, dtypes, second, index, AddPart::Contiguous)?;
-            (4, contiguous, n.div_ceil(block as usize), (block, 1), false)
-        }
+    let kernel = match plan.variant {
+        Variant::Vector => flat(AddPart::Vector)?,
+        Variant::Contiguous => flat(AddPart::Contiguous)?,
+        Variant::Strided => flat(AddPart::Strided)?,
         Variant::Tiled { mask } => {
-            geometry = kernels::Geometry::new(&plan.shape, &plan.strides)?;
-            // The plan's bit k is operand k; the kernel's bit 0 is a, bit 1 b.
-            tile = (mask >> 1) as i32;
+            // The plan's bit k is walked operand k: bit 0 a, bit 1 b (out leads and is never
+            // tiled; a value is not walked, so it is never tiled either), as the kernel has them.
+            let mut tile = mask as i32;
             let (rows, cols) = (plan.shape[0], plan.shape[1]);
-            if wide {
-                (rows64, cols64) = (rows as i64, cols as i64);
-                params[3] = (&mut rows64 as *mut i64).cast();
-                params[4] = (&mut cols64 as *mut i64).cast();
-            } else {
-                (rows32, cols32) = (rows as i32, cols as i32);
-                params[3] = (&mut rows32 as *mut i32).cast();
-                params[4] = (&mut cols32 as *mut i32).cast();
-            }
-            params[5] = (&mut geometry as *mut kernels::Geometry).cast();
             let edge = kernels::tile_edge(a.dtype(), b_dtype);
             let tiles = rows.div_ceil(edge) * cols.div_ceil(edge);
-            shared = kernels::tile_shared_bytes(a.dtype(), b_dtype, tile);
-            // One block per tile: short-lived blocks stream better than a resident grid.
             let tiled = kernels::add_tiled(ordinal, dtypes, second, index)?;
             // Bit 2 of the mask: interior tiles in pairs (the kernel's PAIRS).
-            if tiled.pairs && pairs_fit(&plan.strides, tile, [o, pa, pb]) {
+            let strides: Vec<&[isize]> = [Some(lead), Some(0), b_array.map(|_| 1)]
+                .into_iter()
+                .flatten()
+                .map(|k| &plan.strides[k][..])
+                .collect();
+            let pb = b_array.map_or(std::ptr::null_mut(), |b| b.data_ptr());
+            if tiled.pairs && pairs_fit(&strides, tile, [out.data_ptr(), a.data_ptr(), pb]) {
                 tile |= 4;
             }
-            params[6] = (&mut tile as *mut i32).cast();
-            (7, tiled.function, tiles, kernels::TILE_BLOCK, true)
-        }
-        Variant::Strided => {
-            geometry = kernels::Geometry::new(&plan.shape, &plan.strides)?;
-            params[3] = count;
-            params[4] = (&mut geometry as *mut kernels::Geometry).cast();
-            let strided = kernels::add(ordinal, dtypes, second, index, AddPart::Strided)?;
-            (5, strided, n.div_ceil(block as usize), (block, 1), false)
+            // One block per tile: short-lived blocks stream better than a resident grid.
+            Kernel {
+                function: tiled.function,
+                grid: tiles.clamp(1, i32::MAX as usize) as u32,
+                block: kernels::TILE_BLOCK,
+                shared: kernels::tile_shared_bytes(a.dtype(), b_dtype, tile),
+                tile: Some(tile),
+            }
         }
     };
-    let grid = if whole {
-        grid.clamp(1, i32::MAX as usize) as u32
-    } else {
-        kernels::grid(ordinal, grid, block.0 * block.1)?
-    };
-    // SAFETY: the first `used` parameters match the chosen kernel's signature in kernels::add
-    // and kernels::add_tiled (out's and a's pointers; b's pointer, or for Second::Value a
-    // 16-byte-aligned element of b's dtype, which is the kernel's `Splat` parameter; then n, or
-    // rows, cols, Geometry and the tile mask, in the chosen index width, which fits every index
-    // and offset: Plan::new). The vector kernel is chosen only when every pointer is aligned to
-    // its pack; the tiled kernel gets the shared memory its tiles need (tile_shared_bytes) and
-    // is chosen only when out has unit stride along cols and the tiled inputs along rows
-    // (Plan::new; a value is no operand of the plan, so it is never tiled), which it assumes.
-    // Every pointer addresses its operand's validated layout on this device, `out` is writable
-    // and overlaps an input only exactly (checked); the arrays' buffers are kept valid until the
-    // kernel has run (Launch::finish below), or, for a kernel captured into a graph, by the
-    // caller while it replays the graph (see `Launch`). `order` made the device's context
-    // current.
+    // SAFETY: add's kernels take the parameters of their variant as kernels/abi.cuh lays them
+    // out for a, b (a pointer or CbStrided, or for Second::Value the element's bytes, which is
+    // the kernel's `Splat` parameter), out (kernels::add_program writes them so), and the
+    // chosen one is the plan's variant and index width (Plan::new: the vector kernel only for
+    // aligned pointers, the 32-bit kernels only where every index and offset fits, the tiled
+    // kernel only where out has unit stride along cols and the tiled inputs along rows, which
+    // it assumes, with the shared memory its tiles need). Every pointer addresses its
+    // operand's validated layout on this device, `out` is writable and overlaps an input only
+    // exactly (checked); the arrays' buffers are kept valid until the kernel has run
+    // (Launch::finish below), or, for a kernel captured into a graph, by the caller while it
+    // replays the graph (see `Launch`). `order` made the device's context current.
     unsafe {
-        launch::launch(
-            function,
-            (grid, 1, 1),
-            (block.0, block.1, 1),
-            shared,
-            stream.handle(),
-            &mut params[..used],
+        params::launch(
+            &launch,
+            &plan,
+            &[Param::Element(a), b_param, Param::Element(&out)],
+            &kernel,
         )?
     };
     launch.finish(&inputs, &[&out])?;
@@ -423,6 +384,7 @@ mod tests {
         for (cols, [so, sa, sb], mask, b, fits, why) in cases {
             let (_, strides) = crate::layout::coalesce_of(&[130, cols], &[&so, &sa, &sb]);
             // A value is no operand of the plan.
+            let strides: Vec<&[isize]> = strides.iter().map(|s| &s[..]).collect();
             let strides = if b == 0 { &strides[..2] } else { &strides[..] };
             let pointers = [64, 128, b].map(|x| x as *mut u8);
             assert_eq!(pairs_fit(strides, mask, pointers), fits, "{why}");

@@ -2,12 +2,13 @@
 
 use crate::array::Array;
 use crate::cpu::{copy::copy_cast, SendPtr};
+use crate::cuda::launch::Params;
 use crate::cuda::{self, kernels, launch, memory, stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::coalesce;
-use std::ffi::c_void;
+use crate::ops::elementwise::params::{Shape, Strided};
 
 /// A new C-contiguous array on `device` holding `src`'s values converted to `dtype` (numpy's
 /// unsafe-cast rules; see [`crate::cpu::element::Element::from_scalar`]). Copies into device
@@ -128,19 +129,18 @@ fn gather(src: &Array) -> Result<Array> {
         return Ok(dst);
     }
     let plan = coalesce(src.shape(), [dst.strides(), src.strides()]);
-    let mut geometry = kernels::Geometry::from_plan(&plan)?;
     let function = kernels::gather(n, src.dtype())?;
-    let (mut o, mut s, mut len) = (dst.data_ptr(), src.data_ptr(), count as i64);
-    let mut params: [*mut c_void; 4] = [
-        (&mut o as *mut *mut u8).cast(),
-        (&mut s as *mut *mut u8).cast(),
-        (&mut len as *mut i64).cast(),
-        (&mut geometry as *mut kernels::Geometry).cast(),
-    ];
+    let mut params = Params::with_capacity(4, 2 * size_of::<Shape>());
+    params.push(Strided::new(src.data_ptr(), &plan.strides[1]));
+    params.push(dst.data_ptr());
+    params.push(count as i64);
+    params.push(Shape::new(&plan.shape)?);
+    let mut params = params.pointers();
     cuda::context::bind(n)?;
-    // SAFETY: cb_gather(T* o, const T* s, long long n, Geometry g) matches the params; `o` holds
-    // `count` elements, `s`'s layout stays in its buffer; both live until the gather has run
-    // (dst's free is ordered after the legacy default stream's work; the caller keeps src).
+    // SAFETY: cb_gather(CbStrided<T> s, T* o, long long n, CbShape g) matches the params (the
+    // structs as kernels/abi.cuh has them); `o` holds `count` elements, `s`'s layout stays in
+    // its buffer; both live until the gather has run (dst's free is ordered after the legacy
+    // default stream's work; the caller keeps src).
     unsafe {
         launch::launch(
             function,

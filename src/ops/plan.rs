@@ -168,6 +168,17 @@ impl Plan {
         }
     }
 
+    /// Blocks of `block` threads for the flat and strided variants on device `ordinal`: one
+    /// chunk a block for the vector kernel ([`Plan::vector_blocks`]), else one element a thread
+    /// capped at what the device keeps resident (the grid-stride loops do the rest). The tiled
+    /// variant's grid is its family's (one block a tile).
+    pub fn blocks(&self, ordinal: u32, width: usize, block: u32) -> crate::Result<u32> {
+        match self.variant {
+            Variant::Vector => Ok(self.vector_blocks(width, block)),
+            _ => kernels::grid(ordinal, self.n.div_ceil(block as usize), block),
+        }
+    }
+
     /// Blocks of the vector variant: one chunk of `block` threads, each moving
     /// [`kernels::UNROLL`] packs of `width` elements, per block (short-lived blocks stream better
     /// than a resident grid; the kernel still loops should the grid be capped).

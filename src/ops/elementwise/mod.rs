@@ -12,7 +12,7 @@ pub mod spec;
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cuda::kernels;
-use crate::cuda::launch::{self as cuda_launch, Params, BLOCK};
+use crate::cuda::launch::BLOCK;
 use crate::cuda::stream::Stream;
 use crate::device::Device;
 use crate::dtype::DType;
@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::layout::broadcast_shapes;
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
+use params::{Kernel, Param};
 use source::{Role, Signature};
 use spec::Spec;
 use std::borrow::Cow;
@@ -296,67 +297,45 @@ impl ElementwiseKernel {
         });
         let width = compiled.width;
         let plan = Plan::new(&shape, n, &planned, lead, width, false);
-        let strided = matches!(plan.variant, Variant::Strided | Variant::Tiled { .. });
-        let mut p = Params::with_capacity(
-            nin + nout + 2,
-            (nin + nout) * size_of::<params::Raw>() + size_of::<params::Shape>() + 8,
-        );
-        let mut next = plan.strides.iter();
-        for (k, role) in roles.iter().enumerate() {
-            match (role, inputs.get(k)) {
-                (Role::Element, _) if strided => {
-                    let s = next.next().expect("one stride list per element operand");
-                    p.push(params::Strided::new(operand(k).data_ptr(), s));
-                }
-                (Role::Element, _) => p.push(operand(k).data_ptr()),
-                (Role::Value, Some(Arg::Value(v, _))) => {
-                    p.push_bytes(crate::cpu::copy::ElementBytes::new(dtypes[k], *v).as_bytes())
-                }
-                _ => p.push(params::Raw::new(operand(k))?),
-            }
-        }
-        p.push(n as i64);
         let wide = plan.index == kernels::Index::I64;
-        let (function, grid) = match plan.variant {
-            Variant::Vector => (
-                compiled.functions[if wide { 2 } else { 1 }],
-                plan.vector_blocks(width, BLOCK),
-            ),
-            Variant::Contiguous => (
-                compiled.functions[0],
-                kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?,
-            ),
+        let function = match plan.variant {
+            Variant::Vector => compiled.functions[if wide { 2 } else { 1 }],
+            Variant::Contiguous => compiled.functions[0],
             // (This family has no tiled variant: Plan::new was told so.)
             Variant::Strided | Variant::Tiled { .. } => {
-                p.push(params::Shape::new(&plan.shape)?);
-                (
-                    compiled.functions[if wide { 4 } else { 3 }],
-                    kernels::grid(ordinal, n.div_ceil(BLOCK as usize), BLOCK)?,
-                )
+                compiled.functions[if wide { 4 } else { 3 }]
             }
         };
-        let mut pointers = p.pointers();
-        // SAFETY: the parameters follow the chosen kernel's signature as source::program writes
-        // it for this signature (pointers or CbStrided per element operand, values of the
-        // parameter's dtype, CbRaw per raw array, n, and CbShape for the strided kernels; the
-        // structs mirror kernels/user.cuh). Every element operand spans the loop's shape within
-        // its validated layout (broadcast views read, never written: outputs were checked to
-        // have the loop's shape and not to overlap themselves or partially overlap an input);
-        // the vector kernel is chosen only when every element pointer is aligned to its pack,
-        // and the 32-bit kernels only when every index and offset fits (Plan::new). Raw arrays
-        // are indexed by the user's operation, within their sizes (this function's contract).
-        // The arrays are kept valid until the kernel has run (Launch::finish). Launch::order
-        // made the device's context current, and the module was loaded there.
-        unsafe {
-            cuda_launch::launch(
-                function as cudarc::driver::sys::CUfunction,
-                (grid, 1, 1),
-                (BLOCK, 1, 1),
-                0,
-                launch.stream().handle(),
-                &mut pointers,
-            )?
+        let kernel = Kernel {
+            function: function as cudarc::driver::sys::CUfunction,
+            grid: plan.blocks(ordinal, width, BLOCK)?,
+            block: (BLOCK, 1),
+            shared: 0,
+            tile: None,
         };
+        let mut list = Vec::with_capacity(nin + nout);
+        for (k, role) in roles.iter().enumerate() {
+            list.push(match (role, inputs.get(k)) {
+                (Role::Element, _) => Param::Element(operand(k)),
+                (Role::Value, Some(Arg::Value(v, _))) => {
+                    Param::Value(crate::cpu::copy::ElementBytes::new(dtypes[k], *v))
+                }
+                _ => Param::Raw(operand(k)),
+            });
+        }
+        // SAFETY: source::program writes this signature's kernels with the parameters of their
+        // variant as kernels/abi.cuh lays them out (values of the parameter's dtype, CbRaw per
+        // raw array), and the function is the plan's variant and index width. Every element
+        // operand spans the loop's shape within its validated layout (broadcast views read,
+        // never written: outputs were checked to have the loop's shape and not to overlap
+        // themselves or partially overlap an input); the vector kernel is chosen only when every
+        // element pointer is aligned to its pack, and the 32-bit kernels only when every index
+        // and offset fits (Plan::new). Raw arrays are indexed by the user's operation, within
+        // their sizes (this function's contract). The arrays are kept valid until the kernel has
+        // run (Launch::finish). Launch::order made the device's context current, and the module
+        // was loaded there.
+        unsafe { params::launch(&launch, &plan, &list, &kernel)? };
+        drop(list);
         // `all` is the input arrays, then the outputs.
         let (input_arrays, output_arrays) = all.split_at(all.len() - nout);
         launch.finish(input_arrays, output_arrays)?;

@@ -1,13 +1,20 @@
-//! Kernel parameters of users' elementwise kernels, laid out as the structs of
-//! `kernels/user.cuh` (keep the two in step).
+//! The parameters of every elementwise kernel, `add`'s and users' alike: the structs of
+//! `kernels/abi.cuh` (and users' `CbRaw`, of `kernels/user.cuh`; keep each pair in step), and
+//! the one place that lays out a kernel's parameter list from its loop plan and launches it.
 
 use crate::array::Array;
+use crate::cpu::copy::ElementBytes;
+use crate::cuda::launch::{self as cuda_launch, Params};
+use crate::cuda::sys;
 use crate::error::{Error, Result};
+use crate::ops::launch::Launch;
+use crate::ops::plan::{Plan, Variant};
 
 /// Most dimensions a strided operand or a raw array takes after coalescing (`CB_MAX_DIMS`).
 pub const MAX_DIMS: usize = 8;
 
-/// `CbStrided<T>`: an operand's pointer and element strides over the loop's shape.
+/// `CbStrided<T>` (`kernels/abi.cuh`): an operand's pointer and element strides over the loop's
+/// shape.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Strided {
@@ -17,7 +24,7 @@ pub struct Strided {
     pub s: [i64; MAX_DIMS],
 }
 
-/// `CbShape`: the loop's coalesced shape.
+/// `CbShape` (`kernels/abi.cuh`): the loop's coalesced shape.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct Shape {
@@ -27,7 +34,7 @@ pub struct Shape {
     pub ndim: i32,
 }
 
-/// `CbRaw<T>`: a whole array, indexed by the operation.
+/// `CbRaw<T>` (`kernels/user.cuh`): a whole array, indexed by a user's operation.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Raw {
@@ -100,16 +107,170 @@ impl Raw {
     }
 }
 
+/// One operand of an elementwise kernel, as its parameter list takes it.
+pub enum Param<'a> {
+    /// An array walked over the loop: a pointer to its first element for the contiguous and
+    /// vector variants, a [`Strided`] with its plan strides for the strided and tiled ones.
+    /// These come in the plan's operand order.
+    Element(&'a Array),
+    /// One value for every index, as its dtype's bytes.
+    Value(ElementBytes),
+    /// A user's `raw` array: a [`Raw`].
+    Raw(&'a Array),
+}
+
+/// The kernel a family chose for a plan, and how it is launched.
+#[derive(Clone, Copy)]
+pub struct Kernel {
+    /// The function of the plan's variant and index width.
+    pub function: sys::CUfunction,
+    /// Blocks (see [`Plan::blocks`]).
+    pub grid: u32,
+    /// Threads of a block, (x, y).
+    pub block: (u32, u32),
+    /// Bytes of dynamic shared memory.
+    pub shared: u32,
+    /// The tiled variant's mask (its last parameter); `None` for the other variants.
+    pub tile: Option<i32>,
+}
+
+/// The parameter list of an elementwise kernel for `plan` over `operands` (in the kernel's
+/// parameter order: inputs, then outputs), as `kernels/abi.cuh` lays it out: one parameter per
+/// operand, then the number of indices, then for the strided and tiled variants the loop's
+/// shape, then for the tiled variant its mask.
+pub fn list(plan: &Plan, operands: &[Param<'_>], tile: Option<i32>) -> Result<Params> {
+    let strided = matches!(plan.variant, Variant::Strided | Variant::Tiled { .. });
+    let mut p = Params::with_capacity(
+        operands.len() + 3,
+        operands.len() * size_of::<Raw>() + size_of::<Shape>() + 16,
+    );
+    let mut strides = plan.strides.iter();
+    for operand in operands {
+        match operand {
+            Param::Element(a) if strided => {
+                let s = strides.next().ok_or_else(|| {
+                    Error::invalid("internal: more element operands than the plan walks")
+                })?;
+                p.push(Strided::new(a.data_ptr(), s));
+            }
+            Param::Element(a) => p.push(a.data_ptr()),
+            Param::Value(bytes) => p.push_bytes(bytes.as_bytes()),
+            Param::Raw(a) => p.push(Raw::new(a)?),
+        }
+    }
+    p.push(plan.n as i64);
+    if strided {
+        p.push(Shape::new(&plan.shape)?);
+    }
+    if let Some(tile) = tile {
+        p.push(tile);
+    }
+    Ok(p)
+}
+
+/// Launches `kernel` for `plan` over `operands` on `launch`'s stream, with the parameter list
+/// of [`list`]: the one launch of every elementwise kernel, `add`'s and users'.
+///
+/// # Safety
+/// 1. `kernel.function` takes the parameters that [`list`] lays out for `plan.variant` and
+///    these operands (its source follows `kernels/abi.cuh`), and belongs to the context of the
+///    launch's device, which is current ([`Launch::order`] made it so).
+/// 2. Every element operand spans the plan's loop within its validated layout on that device;
+///    the outputs are writable and overlap no input but exactly; raw arrays and values are
+///    used by the kernel only as their types allow.
+/// 3. The variant and index width are what [`Plan::new`] chose for these operands (the vector
+///    variant only for aligned pointers, the 32-bit one only where every offset fits), and a
+///    tiled kernel gets the shared memory its tiles need.
+/// 4. Every operand stays valid until the kernel has run ([`Launch::finish`]).
+pub unsafe fn launch(
+    launch: &Launch,
+    plan: &Plan,
+    operands: &[Param<'_>],
+    kernel: &Kernel,
+) -> Result<()> {
+    let mut params = list(plan, operands, kernel.tile)?;
+    let mut pointers = params.pointers();
+    // SAFETY: this function's contract; `pointers` address `params`, alive for the call.
+    unsafe {
+        cuda_launch::launch(
+            kernel.function,
+            (kernel.grid, 1, 1),
+            (kernel.block.0, kernel.block.1, 1),
+            kernel.shared,
+            launch.stream().handle(),
+            &mut pointers,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn layouts_match_the_header() {
-        // Sizes as the C structs of kernels/user.cuh have them on a 64-bit target.
+        // Sizes as the C structs of kernels/abi.cuh and kernels/user.cuh have them (64-bit).
         assert_eq!(size_of::<Strided>(), 8 + 8 * 8);
         assert_eq!(size_of::<Shape>(), 8 * 8 + 8);
         assert_eq!(size_of::<Raw>(), 8 + 64 + 64 + 8 + 8);
         assert_eq!(std::mem::offset_of!(Raw, n), 8 + 64 + 64 + 8);
+    }
+
+    /// Reads parameter `k` of a list as a `T`.
+    fn read<T: Copy>(pointers: &[*mut std::ffi::c_void], k: usize) -> T {
+        // SAFETY: the tests read each parameter as the type that was pushed for it.
+        unsafe { *(pointers[k] as *const T) }
+    }
+
+    #[test]
+    fn a_list_follows_the_abi_for_each_variant() {
+        use crate::cpu::element::Scalar;
+        use crate::ops::plan::Operand;
+        use crate::{DType, Device};
+        let x = Array::zeros(&[4, 6], DType::Float32, Device::Cpu).unwrap();
+        let out = Array::zeros(&[4, 6], DType::Float32, Device::Cpu).unwrap();
+        let value = ElementBytes::new(DType::Float32, Scalar::Float(2.5));
+        let operands = [
+            Param::Element(&x),
+            Param::Value(value),
+            Param::Element(&out),
+        ];
+
+        // Contiguous operands: a pointer each, the value, then n.
+        let walked = [Operand::of(&x), Operand::of(&out)];
+        let plan = Plan::new(&[4, 6], 24, &walked, Some(1), 1, false);
+        assert!(matches!(plan.variant, Variant::Contiguous));
+        let mut p = list(&plan, &operands, None).unwrap();
+        let q = p.pointers();
+        assert_eq!(q.len(), 4);
+        assert_eq!(read::<*mut u8>(&q, 0), x.data_ptr());
+        assert_eq!(read::<f32>(&q, 1), 2.5);
+        assert_eq!(read::<*mut u8>(&q, 2), out.data_ptr());
+        assert_eq!(read::<i64>(&q, 3), 24);
+
+        // x transposed: CbStrided per walked operand (the plan's strides, led by out), n, the
+        // shape, and the tile mask when one is given.
+        let xt = x.transposed();
+        let out_t = Array::zeros(&[6, 4], DType::Float32, Device::Cpu).unwrap();
+        let walked = [Operand::of(&xt), Operand::of(&out_t)];
+        let plan = Plan::new(&[6, 4], 24, &walked, Some(1), 1, true);
+        assert!(matches!(plan.variant, Variant::Tiled { mask: 1 }));
+        let operands = [
+            Param::Element(&xt),
+            Param::Value(value),
+            Param::Element(&out_t),
+        ];
+        let mut p = list(&plan, &operands, Some(5)).unwrap();
+        let q = p.pointers();
+        assert_eq!(q.len(), 6);
+        let a = read::<Strided>(&q, 0);
+        assert_eq!((a.p, &a.s[..2]), (xt.data_ptr(), &[1i64, 6][..]));
+        assert_eq!(read::<f32>(&q, 1), 2.5);
+        let o = read::<Strided>(&q, 2);
+        assert_eq!((o.p, &o.s[..2]), (out_t.data_ptr(), &[4i64, 1][..]));
+        assert_eq!(read::<i64>(&q, 3), 24);
+        let shape = read::<Shape>(&q, 4);
+        assert_eq!((shape.ndim, &shape.d[..2]), (2, &[6i64, 4][..]));
+        assert_eq!(read::<i32>(&q, 5), 5);
     }
 }

@@ -1,6 +1,7 @@
 //! The CUDA C++ of a user's elementwise kernel for one call signature: the operation as a device
 //! function, called by five kernels (contiguous; vectorized and strided, each in 32- and
-//! 64-bit indexing), which the host chooses between per call.
+//! 64-bit indexing), which the host chooses between per call. Their parameters are those of
+//! every elementwise kernel (`kernels/abi.cuh`, laid out by [`super::params::list`]).
 
 use super::spec::Spec;
 use crate::cuda::kernels::Program;
@@ -79,6 +80,7 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
     if sig.dtypes.contains(&DType::BFloat16) || mentions("bfloat16") || mentions("bf16") {
         src.push_str("#include <cuda_bf16.h>\ntypedef __nv_bfloat16 bfloat16;\n");
     }
+    src.push_str(crate::cuda::kernels::ABI);
     src.push_str(HEADER);
     for t in spec.type_names() {
         let k = params
