@@ -1,6 +1,7 @@
 """Where a small kernel call spends its time: wall time per call (median of 7 rounds of 2000
 calls, each round ended by a synchronize) of 2^10-element float32 kernels, with operands from
-torch, CuPy and cubridge, beside torch.add and CuPy's ElementwiseKernel in the same run.
+torch, CuPy and cubridge, beside torch.add and CuPy's ElementwiseKernel in the same run (on CuPy
+arrays, and on torch tensors through a `cupy.from_dlpack` view of each per call).
 
     python benches/kernel_calls.py
 """
@@ -27,11 +28,16 @@ N32 = np.int32(n)
 cases = {
     "torch.add(out=)": lambda: torch.add(tx, ty, out=tz),
     "cupy ElementwiseKernel": lambda: CPS(cx, cy, cz),
+    # What a CuPy user pays to run CuPy's kernel on torch tensors: a view of each per call.
+    "cupy EK torch (from_dlpack)": lambda: CPS(
+        cp.from_dlpack(tx), cp.from_dlpack(ty), cp.from_dlpack(tz)
+    ),
     "cb.add torch (out=)": lambda: cb.add(tx, ty, out=tz),
     "cb.add cubridge (out=)": lambda: cb.add(bx, by, out=bz),
     "EK torch (out=)": lambda: SUM(tx, ty, out=tz),
     "EK torch positional out": lambda: SUM(tx, ty, tz),
     "EK cubridge (out=)": lambda: SUM(bx, by, out=bz),
+    "EK cubridge positional out": lambda: SUM(bx, by, bz),
     "EK cubridge alloc": lambda: SUM(bx, by),
     "EK cupy (out=)": lambda: SUM(cx, cy, out=cz),
     "Raw cubridge": lambda: RAW(4, 256, (bx, by, bz, N32)),

@@ -7,8 +7,11 @@ median of 7 interleaved rounds, each round ended by a synchronize so that queued
 - CuPy: cupy.ElementwiseKernel with the same operation on the same memory (cupy views of the
   torch tensors), with `out=` and allocating (bfloat16: no CuPy peer).
 
-float32 and bfloat16 at 2^10 (call overhead) and 2^20 to 2^26 (bandwidth). Goal: cubridge at
-least 1.0x both peers at 2^24 and above, and a call overhead at most CuPy's.
+float32 and bfloat16 at 2^10 (call overhead) and 2^20 to 2^26 (bandwidth). From 2^22 each `out=`
+call is also timed on the device alone (CUDA events around the call, queued behind a spin kernel
+so that no host cost falls inside, L2 flushed before each; median of 30): the kernels' own
+bandwidth. Goal: cubridge at least 1.0x both peers at 2^24 and above, and a call overhead at most
+CuPy's.
 
     python benches/kernels.py [--out DIR]
 """
@@ -19,7 +22,7 @@ import os
 import cubridge as cb
 import cupy as cp
 import torch
-from _common import calls_for, interleaved, save_json, start
+from _common import GpuTimer, calls_for, interleaved, save_json, start
 
 OP = "z = (T)(a * (float)x + (float)y)"
 CB = cb.ElementwiseKernel("T x, T y, float32 a", "T z", OP, "bench_axpy")
@@ -48,6 +51,7 @@ def main():
     args, info = start(p)
     a = 2.5
     rows = []
+    timer = GpuTimer(torch)
     print(
         f"\n{'dtype':9} {'n':>5} {'mode':6} {'torch':>10} {'cupy':>10} {'cubridge':>10}  "
         "cb/torch  cb/cupy"
@@ -74,6 +78,16 @@ def main():
                     + f"{t['cubridge'] * 1e6:8.1f}us  {t['cubridge'] / t['torch']:7.2f}x  "
                     + (f"{t['cubridge'] / cupy_t:6.2f}x" if cupy_t else "     -")
                 )
+                if mode == "out" and k >= 22:
+                    d = {name: timer.time(fn, 30) for name, fn in fns.items()}
+                    rows.append({"dtype": dtype, "n": n, "mode": "device", **d})
+                    cupy_d = d.get("cupy")
+                    print(
+                        f"{dtype:9} 2^{k:<3} {'device':6} {d['torch'] * 1e6:8.1f}us "
+                        + (f"{cupy_d * 1e6:8.1f}us " if cupy_d else f"{'-':>10} ")
+                        + f"{d['cubridge'] * 1e6:8.1f}us  {d['cubridge'] / d['torch']:7.2f}x  "
+                        + (f"{d['cubridge'] / cupy_d:6.2f}x" if cupy_d else "     -")
+                    )
     os.makedirs(args.out, exist_ok=True)
     save_json(os.path.join(args.out, "kernels.json"), {"versions": info, "rows": rows})
 
