@@ -10,8 +10,9 @@ median of 7 interleaved rounds, each round ended by a synchronize so that queued
 float32 and bfloat16 at 2^10 (call overhead) and 2^20 to 2^26 (bandwidth). From 2^22 each `out=`
 call is also timed on the device alone (CUDA events around the call, queued behind a spin kernel
 so that no host cost falls inside, L2 flushed before each; median of 30): the kernels' own
-bandwidth. Goal: cubridge at least 1.0x both peers at 2^24 and above, and a call overhead at most
-CuPy's.
+bandwidth. Last, x as a transposed view (2^12 x 2^12), device time: cubridge's tiled kernel
+against the peers' strided loops. Goal: cubridge at least 1.0x both peers at 2^24 and above, and
+a call overhead at most CuPy's.
 
     python benches/kernels.py [--out DIR]
 """
@@ -43,6 +44,34 @@ def peers(mode, a, x, y, out, cx, cy, cout):
     if cx is not None:
         fns["cupy"] = lambda: CP(cx, cy, cp.float32(a))
     return fns
+
+
+def transposed(a, timer, rows):
+    """The same kernel with x a transposed view (2^12 x 2^12), y and out contiguous: cubridge
+    takes its tiled kernel (add's), torch and CuPy their strided loops. Device time per call."""
+    print(f"\n{'dtype':9} {'x':>10} {'torch':>10} {'cupy':>10} {'cubridge':>10}  cb/torch  cb/cupy")
+    side = 1 << 12
+    for dtype in ("float32", "bfloat16"):
+        td = getattr(torch, dtype)
+        x = torch.randn(side, side, device="cuda").to(td).T
+        y = torch.randn(side, side, device="cuda").to(td)
+        out = torch.empty_like(y)
+        cx, cy, cout = (
+            (cp.from_dlpack(t) for t in (x, y, out)) if dtype != "bfloat16" else (None,) * 3
+        )
+        fns = peers("out", a, x, y, out, cx, cy, cout)
+        want = torch.add(y.float(), x.float(), alpha=a).to(td)
+        CB(x, y, a, out=out)
+        torch.testing.assert_close(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+        d = {name: timer.time(fn, 30) for name, fn in fns.items()}
+        rows.append({"dtype": dtype, "n": side * side, "mode": "transposed-device", **d})
+        cupy_d = d.get("cupy")
+        print(
+            f"{dtype:9} {'2^12 x 2^12':>10} {d['torch'] * 1e6:8.1f}us "
+            + (f"{cupy_d * 1e6:8.1f}us " if cupy_d else f"{'-':>10} ")
+            + f"{d['cubridge'] * 1e6:8.1f}us  {d['cubridge'] / d['torch']:7.2f}x  "
+            + (f"{d['cubridge'] / cupy_d:6.2f}x" if cupy_d else "     -")
+        )
 
 
 def main():
@@ -88,6 +117,7 @@ def main():
                         + f"{d['cubridge'] * 1e6:8.1f}us  {d['cubridge'] / d['torch']:7.2f}x  "
                         + (f"{d['cubridge'] / cupy_d:6.2f}x" if cupy_d else "     -")
                     )
+    transposed(a, timer, rows)
     os.makedirs(args.out, exist_ok=True)
     save_json(os.path.join(args.out, "kernels.json"), {"versions": info, "rows": rows})
 

@@ -163,6 +163,49 @@ def test_layouts_against_numpy(case):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "complex64"])
+@pytest.mark.parametrize("shape", [(130, 194), (64, 64), (3, 1000), (1000, 3), (2, 2)])
+def test_transposed_inputs_take_the_tiled_kernel_and_match_torch(
+    dtype, shape, tmp_path, monkeypatch
+):
+    # A kernel of two inputs (a scalar between them) or one input, and one output that is only
+    # assigned, takes add's tiled kernel for a transposed input: a program of its own, compiled
+    # when a transposed layout first needs it (an empty kernel cache shows it), whose results
+    # must equal torch's at every tile edge, padded or not, whichever input is transposed. The
+    # scalar is 2 and the one-input kernel doubles, so every result is one rounding of an exact
+    # value, whatever the arithmetic contracts.
+    monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path))
+    tag = f"{dtype}_{shape[0]}x{shape[1]}"
+    two = cb.ElementwiseKernel("T x, T a, T y", "T z", "z = x * a + y", f"tile2_{tag}")
+    one = cb.ElementwiseKernel("T x", "T z", "z = x + x", f"tile1_{tag}")
+    td = getattr(torch, dtype)
+    wide = torch.complex128 if td.is_complex else torch.float64
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    rows, cols = shape
+
+    def rand(r, c):
+        return torch.randn(r, c, device="cuda", generator=g, dtype=wide).to(td)
+
+    x, y = rand(rows, cols), rand(rows, cols)
+    xt, yt = rand(cols, rows).T, rand(cols, rows).T
+    two(x, 2, y)  # contiguous operands: the flat program
+    one(x)
+    flat = len(list(tmp_path.iterdir()))
+    for u, v in [(xt, y), (x, yt), (xt, yt)]:
+        want = (u.to(wide) * 2 + v.to(wide)).to(td)
+        got = torch.from_dlpack(two(u, 2, v))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        # Into a transposed foreign output, in place.
+        out = torch.empty(cols, rows, device="cuda", dtype=td).T
+        assert two(u, 2, v, out=out) is out
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(torch.from_dlpack(one(xt)), xt + xt, rtol=0, atol=0)
+    # Each kernel compiled its tiled program (the strided kernel is in the flat one).
+    assert len(list(tmp_path.iterdir())) == flat + 2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_raw_parameters_index_and_size():
     rev = cb.ElementwiseKernel("raw T w", "T z", "z = w[_ind.size() - i - 1]", "reverse")
     w = torch.arange(10, dtype=torch.float32, device="cuda")

@@ -1,8 +1,8 @@
 // What every kernel of cubridge's own shares, compiled at run time by NVRTC: the element types,
-// the exact widening conversions and the addition of each dtype, packs of elements for aligned
-// accesses, and the two ways add takes its second input. Each module is abi.cuh (the parameter
-// structs), this header, one kernel source (elementwise.cu, tiled.cu, gather.cu) and the
-// `extern "C"` wrappers the host appends per dtype (src/cuda/kernels.rs). The host defines CB_HALF where a
+// the exact widening conversions and the addition of each dtype, and add's operation as a
+// functor. Each module is abi.cuh (the parameter structs), access.cuh (packs, and the two ways
+// a kernel takes its second input), this header, one kernel source (elementwise.cu, tiled.cu,
+// gather.cu) and the `extern "C"` wrappers the host appends per dtype (src/cuda/kernels.rs). The host defines CB_HALF where a
 // float16 or bfloat16 operand needs their headers, which take a fifth of a small module's compile
 // time otherwise.
 
@@ -94,29 +94,10 @@ __device__ __forceinline__ R add_one(A x, B y) {
     return Add<R>::run(Cvt<R, A>::run(x), Cvt<R, B>::run(y));
 }
 
-// V consecutive elements moved as one aligned access (16 bytes for the widest operand).
-template <typename T, int V> struct alignas(sizeof(T) * V) Pack {
-    T v[V];
+// add's operation, for the kernels that take one as a functor (tiled.cu).
+template <typename A, typename B, typename R> struct AddOp {
+    __device__ __forceinline__ R operator()(A x, B y) const { return add_one<A, B, R>(x, y); }
 };
 
-// The second input of add: an array in memory (Dense), or one value for every element (Splat:
-// a Python scalar, passed by value among the kernel parameters, so nothing is uploaded).
-template <typename T> struct Dense {
-    static constexpr bool dense = true;
-    const T* p;
-    template <typename I> __device__ __forceinline__ T at(I i) const { return p[i]; }
-    template <int V, typename I> __device__ __forceinline__ Pack<T, V> pack(I i) const {
-        return reinterpret_cast<const Pack<T, V>*>(p)[i];
-    }
-};
-template <typename T> struct Splat {
-    static constexpr bool dense = false;
-    T v;
-    template <typename I> __device__ __forceinline__ T at(I) const { return v; }
-    template <int V, typename I> __device__ __forceinline__ Pack<T, V> pack(I) const {
-        Pack<T, V> r;
-#pragma unroll
-        for (int k = 0; k < V; ++k) r.v[k] = v;
-        return r;
-    }
-};
+// The access helpers of access.cuh, unqualified in add's kernels.
+using namespace cbt;

@@ -1,6 +1,9 @@
-// The tiled kernel of add (after common.cuh), for 2-D plans with a transposed input: the one
-// that takes most of the compile time, so it is a module of its own, compiled only when a
-// transposed layout first needs it.
+// The tiled kernel (after abi.cuh and access.cuh), for 2-D plans with a transposed input, over
+// an operation `op` of one or two inputs: add's (AddOp), or a user's elementwise operation. It
+// takes most of the compile time, so it is a module of its own, compiled only when a transposed
+// layout first needs it. In namespace cbt, beside access.cuh's helpers.
+
+namespace cbt {
 
 // Two dimensions [rows, cols] where out runs along cols (stride 1) and an input runs along
 // rows (it is a transposed view). Such an input is read an E x E tile at a time along its own
@@ -64,13 +67,13 @@ template <typename A, typename B, typename I> struct TileArgs {
     I rows, cols, so0, sa0, sa1, sb0, sb1;
 };
 
-// One tile of add_tiled, with corner (r0, c0). Only the tiles that reach past the last row or
+// One tile of `tiled`, with corner (r0, c0). Only the tiles that reach past the last row or
 // column (EDGE) check bounds: the others load unconditionally and keep no per-element
 // conditions in registers, which the 16-bit types need to keep enough loads in flight.
-template <bool EDGE, int E, int PA, int PB, typename A, typename B, typename R, typename I,
-          typename SB>
-__device__ __forceinline__ void add_tile(R* out, const A* a, SB b, const TileArgs<A, B, I>& t,
-                                         I r0, I c0) {
+template <bool EDGE, int E, int PA, int PB, typename Op, typename A, typename B, typename R,
+          typename I, typename SB>
+__device__ __forceinline__ void one_tile(const Op& op, R* out, const A* a, SB b,
+                                         const TileArgs<A, B, I>& t, I r0, I c0) {
     // One register array an input, whether tiled or not: every load of the tile is issued
     // before the first store to shared memory waits for its value. A tiled input has unit
     // stride along rows (the host's condition for tiling it).
@@ -100,7 +103,7 @@ __device__ __forceinline__ void add_tile(R* out, const A* a, SB b, const TileArg
             if (!EDGE || (r < t.rows && c < t.cols)) {
                 A x = t.tile_a ? t.ta[j * PA + i] : va[k][e];
                 B y = t.tile_b ? t.tb[j * PB + i] : SB::dense ? vb[k][e] : b.at(0);
-                out[r * t.so0 + c] = add_one<A, B, R>(x, y);  // unit stride along cols
+                out[r * t.so0 + c] = op(x, y);  // unit stride along cols
             }
         }
     }
@@ -117,13 +120,14 @@ __device__ __forceinline__ void load_pairs(Pack<T, 2>* v, const T* src, I r0, I 
 }
 
 // An interior tile of 2-byte elements, moved in pairs: half the memory instructions of
-// add_tile, so twice the bytes in flight for the same registers. The host chooses it only
+// one_tile, so twice the bytes in flight for the same registers. The host chooses it only
 // where every pair is aligned: 4-byte aligned pointers, even strides across, and unit stride
 // along cols for an input read in place. Its shared tiles use a pitch of E + 1 (which the
 // host's allocation, E + 2 a column, holds) so that reads across are conflict-free.
-template <int MASK, int E, typename A, typename B, typename R, typename I, typename SB>
-__device__ __forceinline__ void add_pair_tile(R* out, const A* a, SB b, const TileArgs<A, B, I>& t,
-                                              I r0, I c0) {
+template <int MASK, int E, typename Op, typename A, typename B, typename R, typename I,
+          typename SB>
+__device__ __forceinline__ void pair_tile(const Op& op, R* out, const A* a, SB b,
+                                          const TileArgs<A, B, I>& t, I r0, I c0) {
     constexpr int P = E + 1;
     constexpr bool tile_a = MASK & 1, tile_b = MASK & 2;
     Pack<A, 2> va[E / 8];
@@ -164,18 +168,19 @@ __device__ __forceinline__ void add_pair_tile(R* out, const A* a, SB b, const Ti
         const B y0 = tile_b ? t.tb[j * P + i] : vb[k].v[0];
         const B y1 = tile_b ? t.tb[(j + 1) * P + i] : vb[k].v[1];
         Pack<R, 2> z;
-        z.v[0] = add_one<A, B, R>(x0, y0);
-        z.v[1] = add_one<A, B, R>(x1, y1);
+        z.v[0] = op(x0, y0);
+        z.v[1] = op(x1, y1);
         *reinterpret_cast<Pack<R, 2>*>(o + 8 * k * t.so0) = z;
     }
 }
 
 // `tile` says which inputs are read through tiles: bit 0 for a, bit 1 for b (never a Splat).
 // With PAIRS (2-byte elements only), bit 2 says that every pair is aligned, and the interior
-// tiles then move pairs (add_pair_tile).
-template <typename A, typename B, typename R, typename I, typename SB, bool PAIRS = false>
-__device__ void add_tiled(R* out, const A* a, SB b, I rows, I cols, I so0, I sa0, I sa1, I sb0,
-                          I sb1, int tile) {
+// tiles then move pairs (pair_tile). `out` is op(a, b) at every [row, col].
+template <typename Op, typename A, typename B, typename R, typename I, typename SB,
+          bool PAIRS = false>
+__device__ void tiled(const Op& op, R* out, const A* a, SB b, I rows, I cols, I so0, I sa0, I sa1,
+                      I sb0, I sb1, int tile) {
     static_assert(!PAIRS || (sizeof(A) == 2 && sizeof(B) == 2 && sizeof(R) == 2),
                   "pairs are of 2-byte elements");
     constexpr int E = TileOf<A>::edge < TileOf<B>::edge ? TileOf<A>::edge : TileOf<B>::edge;
@@ -207,19 +212,21 @@ __device__ void add_tiled(R* out, const A* a, SB b, I rows, I cols, I so0, I sa0
             // registers, which would otherwise spill.
             const bool paired = interior && (tile & 4);
             if (paired && args.tile_a && args.tile_b)
-                add_pair_tile<3, E, A, B, R, I>(out, a, b, args, r0, c0);
+                pair_tile<3, E>(op, out, a, b, args, r0, c0);
             else if (paired && args.tile_a)
-                add_pair_tile<1, E, A, B, R, I>(out, a, b, args, r0, c0);
+                pair_tile<1, E>(op, out, a, b, args, r0, c0);
             else if (paired)
-                add_pair_tile<2, E, A, B, R, I>(out, a, b, args, r0, c0);
+                pair_tile<2, E>(op, out, a, b, args, r0, c0);
             else
-                add_tile<true, E, PA, PB, A, B, R, I>(out, a, b, args, r0, c0);
+                one_tile<true, E, PA, PB>(op, out, a, b, args, r0, c0);
         } else {
             if (interior)
-                add_tile<false, E, PA, PB, A, B, R, I>(out, a, b, args, r0, c0);
+                one_tile<false, E, PA, PB>(op, out, a, b, args, r0, c0);
             else
-                add_tile<true, E, PA, PB, A, B, R, I>(out, a, b, args, r0, c0);
+                one_tile<true, E, PA, PB>(op, out, a, b, args, r0, c0);
         }
         if (t + gridDim.x < tiles) __syncthreads();  // the tiles are refilled next round
     }
 }
+
+}  // namespace cbt

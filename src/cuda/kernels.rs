@@ -13,12 +13,15 @@ use std::sync::Mutex;
 /// The parameter structs of every elementwise kernel (cubridge's own and users'), which every
 /// program starts with; mirrored by [`crate::ops::elementwise::params`].
 pub const ABI: &str = include_str!("../../kernels/abi.cuh");
-/// What every module of cubridge's own has after [`ABI`].
+/// Packs and the two ways a kernel takes its second input, in namespace `cbt`: after [`ABI`] in
+/// the programs of add and of users' tiled kernels.
+pub const ACCESS: &str = include_str!("../../kernels/access.cuh");
+/// What every module of cubridge's own has after [`ABI`] and [`ACCESS`].
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 /// add's contiguous, vector and strided kernels.
 const FLAT: &str = include_str!("../../kernels/elementwise.cu");
-/// add's tiled kernel.
-const TILED: &str = include_str!("../../kernels/tiled.cu");
+/// The tiled kernel, over an operation: add's, and users' (`cbt::tiled`).
+pub const TILED: &str = include_str!("../../kernels/tiled.cu");
 /// The strided gather of device-side copies.
 const GATHER: &str = include_str!("../../kernels/gather.cu");
 
@@ -242,7 +245,7 @@ fn own(name: String, half: bool, part: &str, wrappers: String, functions: &[&str
     let define = if half { "#define CB_HALF\n" } else { "" };
     Program {
         name,
-        source: format!("{define}{ABI}\n{COMMON}\n{part}\n{wrappers}"),
+        source: format!("{define}{ABI}\n{ACCESS}\n{COMMON}\n{part}\n{wrappers}"),
         options: vec![nvrtc::MINIMAL.to_string()],
         functions: functions.iter().map(|f| f.to_string()).collect(),
     }
@@ -403,8 +406,9 @@ fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Inde
             format!(
                 "extern \"C\" __global__ void __launch_bounds__(256, {tiled_blocks}) \
                  cb_add_tiled(CbStrided<{ta}> a, {b_strided}, CbStrided<{tr}> o, long long n, \
-                 CbShape g, int tile) {{ (void)n; add_tiled<{ta}, {tb}, {tr}, {signed}, \
-                 {b_type}, {}>(o.p, a.p, {b_read_strided}, ({signed})g.d[0], ({signed})g.d[1], \
+                 CbShape g, int tile) {{ (void)n; cbt::tiled<AddOp<{ta}, {tb}, {tr}>, {ta}, {tb}, \
+                 {tr}, {signed}, {b_type}, {}>(AddOp<{ta}, {tb}, {tr}>{{}}, o.p, a.p, \
+                 {b_read_strided}, ({signed})g.d[0], ({signed})g.d[1], \
                  ({signed})o.s[0], ({signed})a.s[0], ({signed})a.s[1], {b_tile}, tile); }}\n",
                 pairs([a, b, r])
             ),

@@ -118,24 +118,6 @@ fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
     })
 }
 
-/// Whether the tiled kernel of 2-byte elements may move pairs: every pair it reads or writes
-/// is 4-byte aligned. That needs aligned pointers (a null one is a value, read from the kernel
-/// parameters), even strides across for out and the tiled inputs (whose stride along rows is 1),
-/// and unit stride along cols with an even stride across for an input read in place. `strides`
-/// are the merged plan's (out, a, and b unless it is a value); `tile` the mask of tiled inputs
-/// (bit 0: a, bit 1: b).
-fn pairs_fit(strides: &[&[isize]], tile: i32, pointers: [*mut u8; 3]) -> bool {
-    let even = |s: isize| s % 2 == 0;
-    pointers.iter().all(|&p| (p as usize) % 4 == 0)
-        && even(strides[0][0])
-        && [1, 2].into_iter().all(|k| match strides.get(k) {
-            None => pointers[k].is_null(),
-            Some(_) if pointers[k].is_null() => true,
-            Some(s) if tile & k as i32 != 0 => even(s[1]),
-            Some(s) => s[1] == 1 && even(s[0]),
-        })
-}
-
 fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
     let ordinal = launch.ordinal();
     let b_array = match b {
@@ -187,31 +169,16 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
         Variant::Contiguous => flat(AddPart::Contiguous)?,
         Variant::Strided => flat(AddPart::Strided)?,
         Variant::Tiled { mask } => {
-            // The plan's bit k is walked operand k: bit 0 a, bit 1 b (out leads and is never
-            // tiled; a value is not walked, so it is never tiled either), as the kernel has them.
-            let mut tile = mask as i32;
-            let (rows, cols) = (plan.shape[0], plan.shape[1]);
-            let edge = kernels::tile_edge(a.dtype(), b_dtype);
-            let tiles = rows.div_ceil(edge) * cols.div_ceil(edge);
             let tiled = kernels::add_tiled(ordinal, dtypes, second, index)?;
-            // Bit 2 of the mask: interior tiles in pairs (the kernel's PAIRS).
-            let strides: Vec<&[isize]> = [Some(lead), Some(0), b_array.map(|_| 1)]
-                .into_iter()
-                .flatten()
-                .map(|k| &plan.strides[k][..])
-                .collect();
-            let pb = b_array.map_or(std::ptr::null_mut(), |b| b.data_ptr());
-            if tiled.pairs && pairs_fit(&strides, tile, [out.data_ptr(), a.data_ptr(), pb]) {
-                tile |= 4;
-            }
-            // One block per tile: short-lived blocks stream better than a resident grid.
-            Kernel {
-                function: tiled.function,
-                grid: tiles.clamp(1, i32::MAX as usize) as u32,
-                block: kernels::TILE_BLOCK,
-                shared: kernels::tile_shared_bytes(a.dtype(), b_dtype, tile),
-                tile: Some(tile),
-            }
+            // The walked operands are a, b (unless a value), out: the plan's mask has a's bit 0
+            // and b's bit 1, as the kernel's.
+            params::tiled_kernel(
+                (tiled.function, tiled.pairs),
+                &plan,
+                mask,
+                (a, b_array, b_dtype),
+                &out,
+            )
         }
     };
     // SAFETY: add's kernels take the parameters of their variant as kernels/abi.cuh lays them
@@ -352,44 +319,6 @@ pub(crate) fn check_out(
 mod tests {
     use super::*;
 
-    #[test]
-    fn kernel_choice_helpers() {
-        // The tiles of every dtype triple fit the 48 KiB a block gets without opting in.
-        for a in DType::ALL {
-            for b in DType::ALL {
-                for mask in 1..=3 {
-                    let bytes = kernels::tile_shared_bytes(a, b, mask);
-                    assert!(bytes <= 48 << 10, "{a} {b} {mask}: {bytes}");
-                }
-            }
-        }
-        assert_eq!(
-            kernels::tile_shared_bytes(DType::Float16, DType::Float32, 3),
-            64 * 66 * 2 + 64 * 65 * 4
-        );
-
-        // Pairs of 2-byte elements: aligned pointers, even strides across. Each row: cols,
-        // strides of out, a, b, the tile mask, b's pointer (0: a value), whether pairs fit.
-        type Case = (usize, [[isize; 2]; 3], i32, usize, bool, &'static str);
-        #[rustfmt::skip]
-        let cases: [Case; 7] = [
-            (194, [[194, 1], [1, 130], [194, 1]], 1, 256, true, "all even"),
-            (194, [[194, 1], [1, 130], [194, 1]], 1, 258, false, "b misaligned"),
-            (194, [[194, 1], [1, 130], [0, 0]], 1, 0, true, "b a value"),
-            (194, [[194, 1], [1, 131], [194, 1]], 1, 256, false, "a's stride across odd"),
-            (193, [[194, 1], [1, 130], [193, 1]], 1, 256, false, "b's stride across odd"),
-            (194, [[194, 1], [1, 130], [1, 0]], 1, 256, false, "b not unit along cols"),
-            (194, [[194, 1], [1, 130], [1, 130]], 3, 256, true, "both tiled"),
-        ];
-        for (cols, [so, sa, sb], mask, b, fits, why) in cases {
-            let (_, strides) = crate::layout::coalesce_of(&[130, cols], &[&so, &sa, &sb]);
-            // A value is no operand of the plan.
-            let strides: Vec<&[isize]> = strides.iter().map(|s| &s[..]).collect();
-            let strides = if b == 0 { &strides[..2] } else { &strides[..] };
-            let pointers = [64, 128, b].map(|x| x as *mut u8);
-            assert_eq!(pairs_fit(strides, mask, pointers), fits, "{why}");
-        }
-    }
     use crate::cpu::copy::read_scalar;
     use crate::cpu::element::Scalar;
     use crate::ops::{arange, full};

@@ -53,6 +53,9 @@ pub struct ElementwiseKernel {
     /// Whether the operation reads its index `i` (the loop then keeps C order).
     indexed: bool,
     compiled: Mutex<HashMap<(u32, Signature), Compiled>>,
+    /// The tiled kernels of a signature on a device (32- and 64-bit), compiled when a
+    /// transposed layout first needs them.
+    tiled: Mutex<HashMap<(u32, Signature), [usize; 2]>>,
     /// The signature of the last call and its kernels: a repeated call finds them without
     /// building a key.
     last: Mutex<Option<(u32, Signature, Compiled)>>,
@@ -72,6 +75,7 @@ impl ElementwiseKernel {
             spec,
             reads,
             compiled: Mutex::new(HashMap::new()),
+            tiled: Mutex::new(HashMap::new()),
             last: Mutex::new(None),
         }
     }
@@ -296,22 +300,44 @@ impl ElementwiseKernel {
                 .unwrap_or(0)
         });
         let width = compiled.width;
-        let plan = Plan::new(&shape, n, &planned, lead, width, false);
+        // Signatures of one or two element inputs and one output also take the tiled kernel,
+        // add's, for a transposed input (never when the operation reads its index).
+        let tile_operands = lead
+            .is_some()
+            .then(|| source::tile_operands(&roles, nin, &self.reads))
+            .flatten();
+        let plan = Plan::new(&shape, n, &planned, lead, width, tile_operands.is_some());
         let wide = plan.index == kernels::Index::I64;
-        let function = match plan.variant {
-            Variant::Vector => compiled.functions[if wide { 2 } else { 1 }],
-            Variant::Contiguous => compiled.functions[0],
-            // (This family has no tiled variant: Plan::new was told so.)
-            Variant::Strided | Variant::Tiled { .. } => {
-                compiled.functions[if wide { 4 } else { 3 }]
-            }
+        let flat = |function: usize| -> Result<Kernel> {
+            Ok(Kernel {
+                function: function as cudarc::driver::sys::CUfunction,
+                grid: plan.blocks(ordinal, width, BLOCK)?,
+                block: (BLOCK, 1),
+                shared: 0,
+                tile: None,
+            })
         };
-        let kernel = Kernel {
-            function: function as cudarc::driver::sys::CUfunction,
-            grid: plan.blocks(ordinal, width, BLOCK)?,
-            block: (BLOCK, 1),
-            shared: 0,
-            tile: None,
+        let kernel = match (plan.variant, tile_operands) {
+            (Variant::Vector, _) => flat(compiled.functions[if wide { 2 } else { 1 }])?,
+            (Variant::Contiguous, _) => flat(compiled.functions[0])?,
+            (Variant::Tiled { mask }, Some((a, b, out))) => {
+                let f = self.tiled_functions(ordinal, &dtypes, &roles)?[usize::from(wide)];
+                let b_dtype = dtypes[b.unwrap_or(a)];
+                let pairs = [dtypes[a], b_dtype, dtypes[out]]
+                    .iter()
+                    .all(|d| d.itemsize() == 2);
+                params::tiled_kernel(
+                    (f as cudarc::driver::sys::CUfunction, pairs),
+                    &plan,
+                    mask,
+                    (operand(a), b.map(operand), b_dtype),
+                    operand(out),
+                )
+            }
+            // (Plan::new tiles only signatures that tile_operands accepts.)
+            (Variant::Strided | Variant::Tiled { .. }, _) => {
+                flat(compiled.functions[if wide { 4 } else { 3 }])?
+            }
         };
         let mut list = Vec::with_capacity(nin + nout);
         for (k, role) in roles.iter().enumerate() {
@@ -341,6 +367,40 @@ impl ElementwiseKernel {
         launch.finish(input_arrays, output_arrays)?;
         drop(operands);
         Ok(outs)
+    }
+
+    /// The tiled kernels (32- and 64-bit) of a signature on `ordinal`, compiled on first use.
+    fn tiled_functions(
+        &self,
+        ordinal: u32,
+        dtypes: &[DType],
+        roles: &[Role],
+    ) -> Result<[usize; 2]> {
+        let key = (
+            ordinal,
+            Signature {
+                dtypes: dtypes.to_vec(),
+                roles: roles.to_vec(),
+            },
+        );
+        if let Some(f) = self
+            .tiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(*f);
+        }
+        let program = source::tiled_program(&self.spec, &key.1, &self.reads).ok_or_else(|| {
+            Error::invalid("internal: a tiled plan for a signature without a tiled kernel")
+        })?;
+        let f = kernels::program(ordinal, &program)?;
+        let found = [f[0], f[1]];
+        self.tiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, found);
+        Ok(found)
     }
 
     /// The kernels of a signature on `ordinal`, compiled on first use.

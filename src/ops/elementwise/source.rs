@@ -65,13 +65,12 @@ pub fn vector_width(sig: &Signature) -> usize {
     (16 / widest).max(1)
 }
 
-/// The program of `spec` for `sig`. `reads[k]` says whether output `k` is loaded before the
-/// operation runs (see [`super::spec::reads_output`]).
-pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
+/// What both programs of a signature start with: the headers, the type names, the preamble and
+/// the operation as a device function (`cb_op`).
+fn prelude(spec: &Spec, sig: &Signature) -> String {
     let nin = spec.inputs.len();
     let params: Vec<_> = spec.params().collect();
     let ty = |k: usize| c_type(sig.dtypes[k]);
-    let width = vector_width(sig);
     let mentions = |word: &str| spec.operation.contains(word) || spec.preamble.contains(word);
     let mut src = String::new();
     if sig.dtypes.contains(&DType::Float16) || mentions("half") {
@@ -108,23 +107,39 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
         op_params.join(", "),
         spec.operation
     );
+    src
+}
 
-    // Kernel parameters: pointers (or strided pointers), values and raw arrays, then n.
-    let kernel_params = |strided: bool| -> String {
-        let mut list: Vec<String> = (0..params.len())
-            .map(|k| match sig.roles[k] {
-                Role::Element if strided => format!("CbStrided<{}> p{k}", ty(k)),
-                Role::Element => format!("{}* p{k}", ty(k)),
-                Role::Value => format!("{} p{k}", ty(k)),
-                Role::Raw => format!("CbRaw<{}> p{k}", ty(k)),
-            })
-            .collect();
-        list.push("long long n".into());
-        if strided {
-            list.push("CbShape g".into());
-        }
-        list.join(", ")
-    };
+/// The kernel parameters of a variant, as `kernels/abi.cuh` lays them out: per parameter a
+/// pointer (or, `strided`, a CbStrided) for an element operand, a value, or a CbRaw; then n;
+/// then, `strided`, the loop's shape.
+fn kernel_params(sig: &Signature, strided: bool) -> String {
+    let ty = |k: usize| c_type(sig.dtypes[k]);
+    let mut list: Vec<String> = (0..sig.roles.len())
+        .map(|k| match sig.roles[k] {
+            Role::Element if strided => format!("CbStrided<{}> p{k}", ty(k)),
+            Role::Element => format!("{}* p{k}", ty(k)),
+            Role::Value => format!("{} p{k}", ty(k)),
+            Role::Raw => format!("CbRaw<{}> p{k}", ty(k)),
+        })
+        .collect();
+    list.push("long long n".into());
+    if strided {
+        list.push("CbShape g".into());
+    }
+    list.join(", ")
+}
+
+/// The program of `spec` for `sig`. `reads[k]` says whether output `k` is loaded before the
+/// operation runs (see [`super::spec::reads_output`]).
+pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
+    let nin = spec.inputs.len();
+    let params: Vec<_> = spec.params().collect();
+    let ty = |k: usize| c_type(sig.dtypes[k]);
+    let width = vector_width(sig);
+    let mut src = prelude(spec, sig);
+    let kernel_params = |strided: bool| kernel_params(sig, strided);
+
     let args = |element: &dyn Fn(usize) -> String| -> String {
         (0..params.len())
             .map(|k| match sig.roles[k] {
@@ -247,9 +262,133 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
     }
 }
 
+/// The kernels of a signature's tiled program, in [`Program::functions`] order.
+pub const TILED_FUNCTIONS: [&str; 2] = ["tiled32", "tiled64"];
+
+/// The element operands a tiled kernel of a signature with `roles` takes, when it can take one: its one or two
+/// element inputs (first `a`, then `b`) and its one element output, which the operation only
+/// assigns (`reads`, per output, as for [`program`]); no raw arrays. Scalars may come anywhere
+/// among the inputs. The operation must not read its index: the tiles walk the loop in no
+/// particular order.
+pub fn tile_operands(
+    roles: &[Role],
+    nin: usize,
+    reads: &[bool],
+) -> Option<(usize, Option<usize>, usize)> {
+    if roles.contains(&Role::Raw) {
+        return None;
+    }
+    let mut inputs = (0..nin).filter(|&k| roles[k] == Role::Element);
+    let (a, b) = (inputs.next()?, inputs.next());
+    let one_output = roles.len() == nin + 1 && roles[nin] == Role::Element;
+    (inputs.next().is_none() && one_output && !reads[0]).then_some((a, b, nin))
+}
+
+/// The tiled program of `spec` for `sig` (which [`tile_operands`] accepts): the operation as a
+/// functor of its one or two element inputs (the scalars kept in it), run by `cbt::tiled`, the
+/// tiled kernel that add's transposed layouts use too, in 32- and 64-bit indexing.
+pub fn tiled_program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Option<Program> {
+    let nin = spec.inputs.len();
+    let (a, b, out) = tile_operands(&sig.roles, nin, reads)?;
+    let ty = |k: usize| c_type(sig.dtypes[k]);
+    let (ta, tr) = (ty(a), ty(out));
+    // One input: the second is a value of a's type that the operation never reads.
+    let tb = b.map_or(ta, ty);
+    let pairs = [Some(a), b, Some(out)]
+        .into_iter()
+        .flatten()
+        .all(|k| sig.dtypes[k].itemsize() == 2);
+    let mut src = prelude(spec, sig);
+    src.push_str(crate::cuda::kernels::ACCESS);
+    src.push_str(crate::cuda::kernels::TILED);
+    let values: Vec<usize> = (0..nin).filter(|&k| sig.roles[k] == Role::Value).collect();
+    let mut members = String::new();
+    for &k in &values {
+        let _ = writeln!(members, "{} p{k};", ty(k));
+    }
+    let args: Vec<String> = (0..sig.roles.len())
+        .map(|k| match k {
+            _ if k == a => "x".to_string(),
+            _ if Some(k) == b => "y".to_string(),
+            _ if k == out => "z".to_string(),
+            _ => format!("p{k}"),
+        })
+        .collect();
+    let _ = write!(
+        src,
+        "struct CbTileOp {{\nCbInd ind;\n{members}\
+         __device__ __forceinline__ {tr} operator()({ta} x, {tb} y) const {{\n\
+         (void)y;\n{tr} z;\ncb_op(0, ind, {});\nreturn z;\n}}\n}};\n",
+        args.join(", ")
+    );
+    let init: String = values.iter().map(|k| format!(", p{k}")).collect();
+    let (second, b_strides) = match b {
+        Some(b) => (format!("cbt::Dense<{tb}>{{p{b}.p}}"), Some(b)),
+        None => (format!("cbt::Splat<{tb}>{{}}"), None),
+    };
+    let name = &spec.name;
+    // As add's: four blocks an SM in 32-bit indexing (at most 64 registers a thread), three
+    // in 64-bit.
+    for (bits, index, blocks) in [(32, "int", 4), (64, "long long", 3)] {
+        let (sb0, sb1) = match b_strides {
+            Some(b) => (format!("({index})p{b}.s[0]"), format!("({index})p{b}.s[1]")),
+            None => (format!("({index})0"), format!("({index})0")),
+        };
+        let sb = if b.is_some() {
+            format!("cbt::Dense<{tb}>")
+        } else {
+            format!("cbt::Splat<{tb}>")
+        };
+        let _ = write!(
+            src,
+            "extern \"C\" __global__ void __launch_bounds__(256, {blocks}) \
+             {name}_tiled{bits}({}, int tile) {{\n\
+             const CbTileOp op{{CbInd{{n}}{init}}};\n\
+             cbt::tiled<CbTileOp, {ta}, {tb}, {tr}, {index}, {sb}, {pairs}>(op, p{out}.p, p{a}.p, \
+             {second}, ({index})g.d[0], ({index})g.d[1], ({index})p{out}.s[0], ({index})p{a}.s[0], \
+             ({index})p{a}.s[1], {sb0}, {sb1}, tile);\n}}\n",
+            kernel_params(sig, true)
+        );
+    }
+    Some(Program {
+        name: format!("{name}_tiled"),
+        source: src,
+        options: Vec::new(),
+        functions: TILED_FUNCTIONS
+            .iter()
+            .map(|f| format!("{name}_{f}"))
+            .collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tiled_kernels_take_one_or_two_element_inputs_and_one_assigned_output() {
+        use Role::*;
+        assert_eq!(
+            tile_operands(&[Element, Value, Element, Element], 3, &[false]),
+            Some((0, Some(2), 3))
+        );
+        assert_eq!(
+            tile_operands(&[Value, Element, Element], 2, &[false]),
+            Some((1, None, 2))
+        );
+        // An output the operation reads, two outputs, three inputs, a raw array: no tiles.
+        assert_eq!(
+            tile_operands(&[Element, Element, Element], 2, &[true]),
+            None
+        );
+        assert_eq!(
+            tile_operands(&[Element, Element, Element], 1, &[false, false]),
+            None
+        );
+        assert_eq!(tile_operands(&[Element; 4], 3, &[false]), None);
+        assert_eq!(tile_operands(&[Element, Raw, Element], 2, &[false]), None);
+        assert_eq!(tile_operands(&[Value, Element], 1, &[false]), None);
+    }
 
     #[test]
     fn generates_one_operation_and_five_kernels() {
@@ -329,6 +468,30 @@ mod compile_tests {
             let key = format!("test_gen_{d}_{}", std::process::id());
             if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
                 panic!("{d}: {e}\n{}", p.source);
+            }
+        }
+        // The tiled kernels: two inputs with a scalar between them, and one input.
+        let two = Spec::new("T x, T a, T y", "T z", "z = x * a + y", "two", "").unwrap();
+        let one = Spec::new("T x", "T z", "z = x + x", "one", "").unwrap();
+        for d in DType::ALL {
+            let roles = vec![Role::Element, Role::Value, Role::Element, Role::Element];
+            let sig = Signature {
+                dtypes: vec![d; 4],
+                roles,
+            };
+            let one_sig = Signature {
+                dtypes: vec![d; 2],
+                roles: vec![Role::Element; 2],
+            };
+            for (spec, sig) in [(&two, &sig), (&one, &one_sig)] {
+                if d == DType::Bool && spec.name == "two" {
+                    continue; // bool has no `*`
+                }
+                let p = tiled_program(spec, sig, &[false]).expect("a tiled signature");
+                let key = format!("test_tiled_{}_{d}_{}", spec.name, std::process::id());
+                if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
+                    panic!("{d}: {e}\n{}", p.source);
+                }
             }
         }
     }
