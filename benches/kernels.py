@@ -46,6 +46,17 @@ def peers(mode, a, x, y, out, cx, cy, cout):
     return fns
 
 
+def show(label, t):
+    """Prints one row: `label`, then each peer's time per call and cubridge's ratios."""
+    cupy_t = t.get("cupy")
+    print(
+        f"{label} {t['torch'] * 1e6:8.1f}us "
+        + (f"{cupy_t * 1e6:8.1f}us " if cupy_t else f"{'-':>10} ")
+        + f"{t['cubridge'] * 1e6:8.1f}us  {t['cubridge'] / t['torch']:7.2f}x  "
+        + (f"{t['cubridge'] / cupy_t:6.2f}x" if cupy_t else "     -")
+    )
+
+
 def transposed(a, timer, rows):
     """The same kernel with x a transposed view (2^12 x 2^12), y and out contiguous: cubridge
     takes its tiled kernel (add's), torch and CuPy their strided loops. Device time per call."""
@@ -65,13 +76,7 @@ def transposed(a, timer, rows):
         torch.testing.assert_close(out.float(), want.float(), rtol=1e-2, atol=1e-2)
         d = {name: timer.time(fn, 30) for name, fn in fns.items()}
         rows.append({"dtype": dtype, "n": side * side, "mode": "transposed-device", **d})
-        cupy_d = d.get("cupy")
-        print(
-            f"{dtype:9} {'2^12 x 2^12':>10} {d['torch'] * 1e6:8.1f}us "
-            + (f"{cupy_d * 1e6:8.1f}us " if cupy_d else f"{'-':>10} ")
-            + f"{d['cubridge'] * 1e6:8.1f}us  {d['cubridge'] / d['torch']:7.2f}x  "
-            + (f"{d['cubridge'] / cupy_d:6.2f}x" if cupy_d else "     -")
-        )
+        show(f"{dtype:9} {'2^12 x 2^12':>10}", d)
 
 
 def main():
@@ -100,23 +105,11 @@ def main():
                 t = interleaved(fns, calls_for(n))
                 row = {"dtype": dtype, "n": n, "mode": mode, **{k2: v for k2, v in t.items()}}
                 rows.append(row)
-                cupy_t = t.get("cupy")
-                print(
-                    f"{dtype:9} 2^{k:<3} {mode:6} {t['torch'] * 1e6:8.1f}us "
-                    + (f"{cupy_t * 1e6:8.1f}us " if cupy_t else f"{'-':>10} ")
-                    + f"{t['cubridge'] * 1e6:8.1f}us  {t['cubridge'] / t['torch']:7.2f}x  "
-                    + (f"{t['cubridge'] / cupy_t:6.2f}x" if cupy_t else "     -")
-                )
+                show(f"{dtype:9} 2^{k:<3} {mode:6}", t)
                 if mode == "out" and k >= 22:
                     d = {name: timer.time(fn, 30) for name, fn in fns.items()}
                     rows.append({"dtype": dtype, "n": n, "mode": "device", **d})
-                    cupy_d = d.get("cupy")
-                    print(
-                        f"{dtype:9} 2^{k:<3} {'device':6} {d['torch'] * 1e6:8.1f}us "
-                        + (f"{cupy_d * 1e6:8.1f}us " if cupy_d else f"{'-':>10} ")
-                        + f"{d['cubridge'] * 1e6:8.1f}us  {d['cubridge'] / d['torch']:7.2f}x  "
-                        + (f"{d['cubridge'] / cupy_d:6.2f}x" if cupy_d else "     -")
-                    )
+                    show(f"{dtype:9} 2^{k:<3} {'device':6}", d)
     transposed(a, timer, rows)
     os.makedirs(args.out, exist_ok=True)
     save_json(os.path.join(args.out, "kernels.json"), {"versions": info, "rows": rows})
