@@ -2,9 +2,9 @@
 // the exact widening conversions and the addition of each dtype, and add's operation as a
 // functor. Each module is abi.cuh (the parameter structs), access.cuh (packs, and the two ways
 // a kernel takes its second input), this header, one kernel source (elementwise.cu, tiled.cu,
-// gather.cu) and the `extern "C"` wrappers the host appends per dtype (src/cuda/kernels.rs). The host defines CB_HALF where a
-// float16 or bfloat16 operand needs their headers, which take a fifth of a small module's compile
-// time otherwise.
+// gather.cu) and the `extern "C"` wrappers the host appends per dtype (src/cuda/kernels.rs).
+// The host defines CB_HALF where a float16 or bfloat16 operand needs their headers, which take
+// a fifth of a small module's compile time otherwise.
 
 #ifdef CB_HALF
 #include <cuda_fp16.h>

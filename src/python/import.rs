@@ -356,8 +356,8 @@ fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
 const MAX_VERSION_ASKED: [u32; 2] = [1, 3];
 
 /// `obj.__dlpack__` called by cubridge itself, with `consumer` as the stream of a CUDA producer
-/// (cubridge numbers streams as DLPack does) and `max_version` when `versioned`, with the device that
-/// `obj.__dlpack_device__()` announced (`None` without one). For producers without a usable
+/// (cubridge numbers streams as DLPack does) and `max_version` when `versioned`, with the
+/// device that `obj.__dlpack_device__()` announced (`None` without one). For producers without a usable
 /// exchange table (dlpark's import request would look for one first, an attribute lookup that
 /// raises and swallows an exception on every call for a type without one, and would consult
 /// one that may not be used), and for those that predate `max_version`, asked again the legacy

@@ -265,11 +265,11 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
 /// The kernels of a signature's tiled program, in [`Program::functions`] order.
 pub const TILED_FUNCTIONS: [&str; 2] = ["tiled32", "tiled64"];
 
-/// The element operands a tiled kernel of a signature with `roles` takes, when it can take one: its one or two
-/// element inputs (first `a`, then `b`) and its one element output, which the operation only
-/// assigns (`reads`, per output, as for [`program`]); no raw arrays. Scalars may come anywhere
-/// among the inputs. The operation must not read its index: the tiles walk the loop in no
-/// particular order.
+/// The element operands a tiled kernel of a signature with `roles` takes, when it can take one:
+/// its one or two element inputs (first `a`, then `b`) and its one element output, which the
+/// operation only assigns (`reads`, per output, as for [`program`]); no raw arrays. Scalars may
+/// come anywhere among the inputs. The caller also makes sure the operation does not read its
+/// index: the tiles walk the loop in no particular order.
 pub fn tile_operands(
     roles: &[Role],
     nin: usize,
