@@ -328,8 +328,9 @@ pub fn add_tiled(
     })
 }
 
-/// Whether the tiled kernel of a dtype triple moves pairs: all three of 2 bytes.
-fn pairs(dtypes: [DType; 3]) -> bool {
+/// Whether the tiled kernel of a dtype triple (its two inputs and its result) moves pairs: all
+/// three of 2 bytes.
+pub fn pairs(dtypes: [DType; 3]) -> bool {
     dtypes.iter().all(|d| d.itemsize() == 2)
 }
 
@@ -357,12 +358,14 @@ fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Inde
         Index::I32 => ("32", "unsigned int", "int"),
         Index::I64 => ("64", "long long", "long long"),
     };
-    // b as the flat and the strided kernels take it, as the templates read it, its strides,
-    // and its strides along the tiled kernel's two dimensions.
-    let (b_flat, b_strided, b_read, b_read_strided, b_strides, b_tile) = match second {
+    // b as the flat and the strided kernels take it, the type the templates read it as, that
+    // read in a flat and in a strided kernel, its strides, and its strides along the tiled
+    // kernel's two dimensions.
+    let (b_flat, b_strided, b_type, b_read, b_read_strided, b_strides, b_tile) = match second {
         Second::Array => (
             format!("const {tb}* b"),
             format!("CbStrided<{tb}> b"),
+            format!("Dense<{tb}>"),
             format!("Dense<{tb}>{{b}}"),
             format!("Dense<{tb}>{{b.p}}"),
             "b.s",
@@ -371,15 +374,12 @@ fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Inde
         Second::Value => (
             format!("Splat<{tb}> b"),
             format!("Splat<{tb}> b"),
+            format!("Splat<{tb}>"),
             "b".to_string(),
             "b".to_string(),
             "nullptr",
             format!("({signed})0, ({signed})0"),
         ),
-    };
-    let b_type = match second {
-        Second::Array => format!("Dense<{tb}>"),
-        Second::Value => format!("Splat<{tb}>"),
     };
     // The tiled kernel keeps four blocks per SM (at most 64 registers a thread): its loads
     // in flight, not its arithmetic, set its speed. Its 64-bit addresses need more

@@ -6,7 +6,6 @@ use crate::cpu::copy::ElementBytes;
 use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
 use crate::cuda::kernels::AddPart;
-use crate::cuda::launch::BLOCK;
 use crate::cuda::stream::Stream;
 use crate::cuda::{kernels, stream as cuda_stream};
 use crate::device::Device;
@@ -155,14 +154,9 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
     let plan = Plan::new(out.shape(), n, walked, Some(lead), width, true);
     let index = plan.index;
-    let flat = |part| -> Result<Kernel> {
-        Ok(Kernel {
-            function: kernels::add(ordinal, dtypes, second, index, part)?,
-            grid: plan.blocks(ordinal, width, BLOCK)?,
-            block: (BLOCK, 1),
-            shared: 0,
-            tile: None,
-        })
+    let flat = |part| {
+        let function = kernels::add(ordinal, dtypes, second, index, part)?;
+        Kernel::flat(function, &plan, ordinal, width)
     };
     let kernel = match plan.variant {
         Variant::Vector => flat(AddPart::Vector)?,

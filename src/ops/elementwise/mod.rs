@@ -12,7 +12,6 @@ pub mod spec;
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cuda::kernels;
-use crate::cuda::launch::BLOCK;
 use crate::cuda::stream::Stream;
 use crate::device::Device;
 use crate::dtype::DType;
@@ -129,9 +128,10 @@ impl ElementwiseKernel {
                 None => outputs[k - nin].as_ref(),
             }
         };
-        // Per parameter: its role, and the dtype of the array (or of the scalar) passed for it.
+        // Per parameter: its role, the dtype of the array passed for it, and that of a scalar.
         let mut roles = Vec::with_capacity(nin + nout);
-        let mut given = Vec::with_capacity(2 * (nin + nout));
+        let mut given = Vec::with_capacity(nin + nout);
+        let mut scalars = vec![None; nin + nout];
         for (k, arg) in inputs.iter().enumerate() {
             let raw = self.raw[k];
             match arg {
@@ -139,7 +139,7 @@ impl ElementwiseKernel {
                     roles.push(if raw { Role::Raw } else { Role::Element });
                     given.push(Some(a.dtype()));
                 }
-                Arg::Value(..) => {
+                Arg::Value(v, d) => {
                     if raw {
                         return Err(Error::invalid(format!(
                             "{}: raw parameter {} needs an array, not a scalar",
@@ -149,6 +149,7 @@ impl ElementwiseKernel {
                     }
                     roles.push(Role::Value);
                     given.push(None);
+                    scalars[k] = Some(d.unwrap_or(v.default_dtype()));
                 }
             }
         }
@@ -164,14 +165,7 @@ impl ElementwiseKernel {
             roles.push(if raw { Role::Raw } else { Role::Element });
             given.push(out.as_ref().map(|o| o.dtype()));
         }
-        // The scalars' dtypes follow the arrays' in the same list.
-        given.extend(inputs.iter().map(|arg| match arg {
-            Arg::Value(v, d) => Some(d.unwrap_or(v.default_dtype())),
-            Arg::Array(_) => None,
-        }));
-        given.resize(2 * (nin + nout), None);
-        let (arrays_given, scalars_given) = given.split_at(nin + nout);
-        let dtypes = spec.bind(arrays_given, scalars_given)?;
+        let dtypes = spec.bind(&given, &scalars)?;
         for (k, arg) in inputs.iter().enumerate() {
             if let Arg::Value(v, _) = arg {
                 crate::ops::create::check_value_kind(*v, dtypes[k], "an elementwise kernel")?;
@@ -308,14 +302,13 @@ impl ElementwiseKernel {
             .flatten();
         let plan = Plan::new(&shape, n, &planned, lead, width, tile_operands.is_some());
         let wide = plan.index == kernels::Index::I64;
-        let flat = |function: usize| -> Result<Kernel> {
-            Ok(Kernel {
-                function: function as cudarc::driver::sys::CUfunction,
-                grid: plan.blocks(ordinal, width, BLOCK)?,
-                block: (BLOCK, 1),
-                shared: 0,
-                tile: None,
-            })
+        let flat = |function: usize| {
+            Kernel::flat(
+                function as cudarc::driver::sys::CUfunction,
+                &plan,
+                ordinal,
+                width,
+            )
         };
         let kernel = match (plan.variant, tile_operands) {
             (Variant::Vector, _) => flat(compiled.functions[if wide { 2 } else { 1 }])?,
@@ -323,9 +316,7 @@ impl ElementwiseKernel {
             (Variant::Tiled { mask }, Some((a, b, out))) => {
                 let f = self.tiled_functions(ordinal, &dtypes, &roles)?[usize::from(wide)];
                 let b_dtype = dtypes[b.unwrap_or(a)];
-                let pairs = [dtypes[a], b_dtype, dtypes[out]]
-                    .iter()
-                    .all(|d| d.itemsize() == 2);
+                let pairs = kernels::pairs([dtypes[a], b_dtype, dtypes[out]]);
                 params::tiled_kernel(
                     (f as cudarc::driver::sys::CUfunction, pairs),
                     &plan,
@@ -356,12 +347,13 @@ impl ElementwiseKernel {
         // never written: outputs were checked to have the loop's shape and not to overlap
         // themselves or partially overlap an input); the vector kernel is chosen only when every
         // element pointer is aligned to its pack, and the 32-bit kernels only when every index
-        // and offset fits (Plan::new). Raw arrays are indexed by the user's operation, within
-        // their sizes (this function's contract). The arrays are kept valid until the kernel has
+        // and offset fits (Plan::new); the tiled kernel (source::tiled_program) only where out
+        // has unit stride along cols and the tiled inputs along rows, with the shared memory of
+        // its tiles (params::tiled_kernel). Raw arrays are indexed by the user's operation,
+        // within their sizes (this function's contract). The arrays are kept valid until the kernel has
         // run (Launch::finish). Launch::order made the device's context current, and the module
         // was loaded there.
         unsafe { params::launch(&launch, &plan, &list, &kernel)? };
-        drop(list);
         // `all` is the input arrays, then the outputs.
         let (input_arrays, output_arrays) = all.split_at(all.len() - nout);
         launch.finish(input_arrays, output_arrays)?;

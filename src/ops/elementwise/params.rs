@@ -4,7 +4,7 @@
 
 use crate::array::Array;
 use crate::cpu::copy::ElementBytes;
-use crate::cuda::launch::{self as cuda_launch, Params};
+use crate::cuda::launch::{self as cuda_launch, Params, BLOCK};
 use crate::cuda::{kernels, sys};
 use crate::error::{Error, Result};
 use crate::ops::launch::Launch;
@@ -132,6 +132,25 @@ pub struct Kernel {
     pub shared: u32,
     /// The tiled variant's mask (its last parameter); `None` for the other variants.
     pub tile: Option<i32>,
+}
+
+impl Kernel {
+    /// `function`, the plan's flat or strided variant with a vector pack of `width`, launched as
+    /// those variants are on device `ordinal`: [`Plan::blocks`] blocks of [`BLOCK`] threads.
+    pub fn flat(
+        function: sys::CUfunction,
+        plan: &Plan,
+        ordinal: u32,
+        width: usize,
+    ) -> Result<Kernel> {
+        Ok(Kernel {
+            function,
+            grid: plan.blocks(ordinal, width, BLOCK)?,
+            block: (BLOCK, 1),
+            shared: 0,
+            tile: None,
+        })
+    }
 }
 
 /// The parameter list of an elementwise kernel for `plan` over `operands` (in the kernel's

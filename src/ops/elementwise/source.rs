@@ -294,10 +294,8 @@ pub fn tiled_program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Option<Pro
     let (ta, tr) = (ty(a), ty(out));
     // One input: the second is a value of a's type that the operation never reads.
     let tb = b.map_or(ta, ty);
-    let pairs = [Some(a), b, Some(out)]
-        .into_iter()
-        .flatten()
-        .all(|k| sig.dtypes[k].itemsize() == 2);
+    let pairs =
+        crate::cuda::kernels::pairs([sig.dtypes[a], sig.dtypes[b.unwrap_or(a)], sig.dtypes[out]]);
     let mut src = prelude(spec, sig);
     src.push_str(crate::cuda::kernels::ACCESS);
     src.push_str(crate::cuda::kernels::TILED);
@@ -322,22 +320,21 @@ pub fn tiled_program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Option<Pro
         args.join(", ")
     );
     let init: String = values.iter().map(|k| format!(", p{k}")).collect();
-    let (second, b_strides) = match b {
-        Some(b) => (format!("cbt::Dense<{tb}>{{p{b}.p}}"), Some(b)),
-        None => (format!("cbt::Splat<{tb}>{{}}"), None),
+    // b as the kernel reads it: an array, or a value the operation never reads.
+    let (sb, second) = match b {
+        Some(b) => (
+            format!("cbt::Dense<{tb}>"),
+            format!("cbt::Dense<{tb}>{{p{b}.p}}"),
+        ),
+        None => (format!("cbt::Splat<{tb}>"), format!("cbt::Splat<{tb}>{{}}")),
     };
     let name = &spec.name;
     // As add's: four blocks an SM in 32-bit indexing (at most 64 registers a thread), three
     // in 64-bit.
     for (bits, index, blocks) in [(32, "int", 4), (64, "long long", 3)] {
-        let (sb0, sb1) = match b_strides {
+        let (sb0, sb1) = match b {
             Some(b) => (format!("({index})p{b}.s[0]"), format!("({index})p{b}.s[1]")),
             None => (format!("({index})0"), format!("({index})0")),
-        };
-        let sb = if b.is_some() {
-            format!("cbt::Dense<{tb}>")
-        } else {
-            format!("cbt::Splat<{tb}>")
         };
         let _ = write!(
             src,
