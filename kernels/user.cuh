@@ -33,29 +33,48 @@ struct CbInd {
     __device__ __forceinline__ long long size() const { return n; }
 };
 
-// Complex numbers, laid out as numpy's (real part, then imaginary part).
+// Complex numbers, laid out as numpy's (real part, then imaginary part), with the operators and
+// functions that thrust::complex and cuda::std::complex users write. The binary operators are
+// friends taking both sides by value, so that a real scalar converts on either side
+// (`2.0f * z`, `z / 2`, `1 - z`).
 template <typename F> struct cb_complex {
     F re, im;
     __device__ cb_complex() : re(0), im(0) {}
     __device__ cb_complex(F r, F i = 0) : re(r), im(i) {}
+    template <typename G>
+    __device__ explicit cb_complex(const cb_complex<G>& o) : re((F)o.re), im((F)o.im) {}
     __device__ F real() const { return re; }
     __device__ F imag() const { return im; }
-    __device__ cb_complex operator+(cb_complex o) const { return {re + o.re, im + o.im}; }
-    __device__ cb_complex operator-(cb_complex o) const { return {re - o.re, im - o.im}; }
-    __device__ cb_complex operator*(cb_complex o) const {
-        return {re * o.re - im * o.im, re * o.im + im * o.re};
+    __device__ cb_complex operator+() const { return *this; }
+    __device__ cb_complex operator-() const { return {-re, -im}; }
+    friend __device__ cb_complex operator+(cb_complex a, cb_complex b) {
+        return {a.re + b.re, a.im + b.im};
     }
-    __device__ cb_complex operator/(cb_complex o) const {
-        F d = o.re * o.re + o.im * o.im;
-        return {(re * o.re + im * o.im) / d, (im * o.re - re * o.im) / d};
+    friend __device__ cb_complex operator-(cb_complex a, cb_complex b) {
+        return {a.re - b.re, a.im - b.im};
     }
+    friend __device__ cb_complex operator*(cb_complex a, cb_complex b) {
+        return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+    }
+    friend __device__ cb_complex operator/(cb_complex a, cb_complex b) {
+        F d = b.re * b.re + b.im * b.im;
+        return {(a.re * b.re + a.im * b.im) / d, (a.im * b.re - a.re * b.im) / d};
+    }
+    friend __device__ bool operator==(cb_complex a, cb_complex b) {
+        return a.re == b.re && a.im == b.im;
+    }
+    friend __device__ bool operator!=(cb_complex a, cb_complex b) { return !(a == b); }
     __device__ cb_complex& operator+=(cb_complex o) { return *this = *this + o; }
     __device__ cb_complex& operator-=(cb_complex o) { return *this = *this - o; }
     __device__ cb_complex& operator*=(cb_complex o) { return *this = *this * o; }
     __device__ cb_complex& operator/=(cb_complex o) { return *this = *this / o; }
-    __device__ bool operator==(cb_complex o) const { return re == o.re && im == o.im; }
-    __device__ bool operator!=(cb_complex o) const { return !(*this == o); }
 };
+template <typename F> __device__ F real(cb_complex<F> z) { return z.re; }
+template <typename F> __device__ F imag(cb_complex<F> z) { return z.im; }
+template <typename F> __device__ cb_complex<F> conj(cb_complex<F> z) { return {z.re, -z.im}; }
+template <typename F> __device__ F norm(cb_complex<F> z) { return z.re * z.re + z.im * z.im; }
+template <typename F> __device__ F abs(cb_complex<F> z) { return hypot(z.re, z.im); }
+template <typename F> __device__ F arg(cb_complex<F> z) { return atan2(z.im, z.re); }
 
 typedef signed char int8;
 typedef short int16;

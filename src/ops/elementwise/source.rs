@@ -467,6 +467,27 @@ mod compile_tests {
                 panic!("{d}: {e}\n{}", p.source);
             }
         }
+        // Complex operands take the operators and functions users write.
+        let complex = Spec::new(
+            "T x, T y",
+            "T z",
+            "z = -x + 2.0f * y - 1 / x; z *= +conj(y); z = (z == x) ? z : T(norm(x), abs(y) + \
+             arg(y) + real(x) + imag(x))",
+            "complex_ops",
+            "",
+        )
+        .unwrap();
+        for d in [DType::Complex64, DType::Complex128] {
+            let sig = Signature {
+                dtypes: vec![d; 3],
+                roles: vec![Role::Element; 3],
+            };
+            let p = program(&complex, &sig, &[false]);
+            let key = format!("test_complex_{d}_{}", std::process::id());
+            if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
+                panic!("{d}: {e}\n{}", p.source);
+            }
+        }
         // The tiled kernels: two inputs with a scalar between them, and one input.
         let two = Spec::new("T x, T a, T y", "T z", "z = x * a + y", "two", "").unwrap();
         let one = Spec::new("T x", "T z", "z = x + x", "one", "").unwrap();

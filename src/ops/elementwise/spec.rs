@@ -91,17 +91,7 @@ pub fn parse_params(text: &str, what: &str) -> Result<Vec<Param>> {
                 RESERVED.join(", ")
             )));
         }
-        let ty = match DType::from_name(ty) {
-            Ok(dtype) => Type::Fixed(dtype),
-            Err(_) if C_TYPES.contains(ty) || !is_identifier(ty) || RESERVED.contains(ty) => {
-                return Err(Error::invalid(format!(
-                    "{what}: {ty:?} is not a type: give a dtype name (bool, int8 to int64, uint8 \
-                     to uint64, float16, bfloat16, float32, float64, complex64, complex128) or a \
-                     type name such as T"
-                )))
-            }
-            Err(_) => Type::Generic(ty.to_string()),
-        };
+        let ty = parse_type(ty, what)?;
         params.push(Param {
             name: name.to_string(),
             ty,
@@ -109,6 +99,31 @@ pub fn parse_params(text: &str, what: &str) -> Result<Vec<Param>> {
         });
     }
     Ok(params)
+}
+
+/// A parameter's type: a dtype name, or a type name of one letter (`T`), as CuPy takes them.
+/// Anything else (a misspelt dtype such as `flaot32`, an alias such as `f4` or `single`, a C
+/// type such as `float` or `size_t`) is refused here, when the kernel is made, rather than
+/// compiling into something else or failing later.
+fn parse_type(ty: &str, what: &str) -> Result<Type> {
+    if let Ok(dtype) = DType::from_name(ty) {
+        return Ok(Type::Fixed(dtype));
+    }
+    let placeholder =
+        ty.len() == 1 && ty.as_bytes()[0].is_ascii_alphabetic() && !RESERVED.contains(&ty);
+    if placeholder {
+        return Ok(Type::Generic(ty.to_string()));
+    }
+    let hint = if C_TYPES.contains(&ty) {
+        " (C type names are refused: numpy's `float` is float64, C's is float32)"
+    } else {
+        ""
+    };
+    Err(Error::invalid(format!(
+        "{what}: {ty:?} is not a type{hint}: give a dtype name ({}) or a type name of one \
+         letter such as T",
+        DType::ALL.map(|d| d.name()).join(", ")
+    )))
 }
 
 impl Spec {
@@ -238,15 +253,78 @@ impl Spec {
     }
 }
 
-/// Whether `operation` may read output `name` before writing it: true unless every mention of
-/// it is the target of a plain assignment (`name = ...`). Outputs it may read are loaded before
-/// the operation runs; the others are only stored.
+/// Whether output `name` must be loaded before `operation` runs: true unless the operation
+/// certainly assigns every element before anything reads it. That holds only for a plain,
+/// unconditional assignment `name = ...;` at the top level of the operation, whose right side
+/// does not mention `name`, with no earlier statement that mentions it or may leave the
+/// operation early (`return`, `goto`, `throw`). Anything else (`if (x > 0) z = x`, `z += x`, a
+/// write inside braces or a loop) loads the output, so that the elements it leaves alone keep
+/// their values. An output only assigned is stored without being read (no extra traffic).
 pub fn reads_output(operation: &str, name: &str) -> bool {
-    uses(operation, name).any(|end| {
-        let rest = operation[end..].trim_start();
-        let assigned = rest.starts_with('=') && !rest.starts_with("==");
-        !assigned
-    })
+    let code = strip_comments(operation);
+    for statement in top_level_statements(&code) {
+        let text = statement.trim_start();
+        let Some(end) = uses(text, name).next() else {
+            if ["return", "goto", "throw"]
+                .iter()
+                .any(|word| uses(text, word).next().is_some())
+            {
+                return true;
+            }
+            continue;
+        };
+        // The first statement that mentions the output decides.
+        let rest = text[end..].trim_start();
+        let assigned = end == name.len() && rest.starts_with('=') && !rest.starts_with("==");
+        return !(assigned && uses(&rest[1..], name).next().is_none());
+    }
+    true
+}
+
+/// `code` with its `//` and `/* */` comments replaced by spaces.
+fn strip_comments(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(k) = rest.find('/') {
+        let (before, from) = rest.split_at(k);
+        out.push_str(before);
+        let end = if from.starts_with("//") {
+            from.find('\n').unwrap_or(from.len())
+        } else if let Some(body) = from.strip_prefix("/*") {
+            body.find("*/").map_or(from.len(), |e| e + 4)
+        } else {
+            1
+        };
+        if end == 1 {
+            out.push('/');
+        } else {
+            out.push(' ');
+        }
+        rest = &from[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The statements of `code` separated by `;` outside any parentheses, brackets or braces (a
+/// braced block stays inside the statement it belongs to).
+fn top_level_statements(code: &str) -> impl Iterator<Item = &str> {
+    let mut depth = 0i32;
+    let mut start = 0;
+    let mut cuts = Vec::new();
+    for (k, c) in code.char_indices() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            ';' if depth == 0 => {
+                cuts.push(&code[start..k]);
+                start = k + 1;
+            }
+            _ => {}
+        }
+    }
+    cuts.push(&code[start..]);
+    cuts.into_iter()
 }
 
 /// Whether `operation` reads its index `i` (then the loop must run in the C order that `i`
@@ -327,14 +405,50 @@ mod tests {
     }
 
     #[test]
-    fn outputs_read_unless_only_assigned() {
-        assert!(!reads_output("z = a * x + y", "z"));
-        assert!(!reads_output("z = x; zz = z2 + p.z", "z"));
-        assert!(reads_output("z += x", "z"));
-        assert!(reads_output("z = z + 1", "z"));
-        assert!(reads_output("f(z)", "z"));
-        assert!(!reads_output("if (x == 0) z = 1; else z = 2;", "z"));
-        assert!(reads_output("z == 1", "z"));
+    fn outputs_are_loaded_unless_certainly_assigned() {
+        // Certainly assigned: a plain top-level assignment before any other mention.
+        for op in [
+            "z = a * x + y",
+            "z = x; zz = z2 + p.z",
+            "z = x; z += 1",
+            "float t = x * 2; z = t",
+            "z = x; // z = z + 1",
+            "/* set */ z = x;",
+            "z = (x > 0) ? x : -x;",
+            "z=x",
+        ] {
+            assert!(!reads_output(op, "z"), "{op}");
+        }
+        // Read, conditional, nested or possibly skipped: loaded.
+        for op in [
+            "z += x",
+            "z = z + 1",
+            "f(z)",
+            "z == 1",
+            "if (x > 0) z = x",
+            "if (x == 0) z = 1; else z = 2;",
+            "if (x > 0) { z = x; }",
+            "{ z = x; }",
+            "for (int k = 0; k < 1; ++k) z = x;",
+            "x > 0 && (z = x)",
+            "if (x < 0) return; z = x",
+            "w = x",
+            "",
+        ] {
+            assert!(reads_output(op, "z"), "{op}");
+        }
+    }
+
+    #[test]
+    fn type_names_are_one_letter_or_a_dtype() {
+        for bad in [
+            "flaot32", "single", "f4", "int32_t", "size_t", "float", "TT", "_",
+        ] {
+            let e = Spec::new(&format!("{bad} x"), "float32 z", "z = x", "k", "").unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains(bad) && text.contains("bfloat16"), "{text}");
+        }
+        assert!(Spec::new("U x, bfloat16 y", "U z", "z = x", "k", "").is_ok());
     }
 
     #[test]
