@@ -160,9 +160,9 @@ fn arch(ordinal: u32) -> Result<u32> {
 }
 
 /// Loads `program` into `ordinal`'s context, and finds its functions: its cubin shipped in the
-/// build where there is one for the device (see [`super::shipped`]), else compiled by NVRTC or
-/// read from the disk cache. A shipped cubin that the driver refuses (an older driver, say) is
-/// passed over for a compile.
+/// build where there is one for the device (see [`super::shipped`]), else the disk cache's
+/// (see [`super::disk_cache`]), else NVRTC's. A shipped or cached image that the driver refuses
+/// (an older driver, say) is passed over for a compile; a refused cache entry is discarded.
 fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     context::bind(ordinal)?;
     let arch = arch(ordinal)?;
@@ -174,15 +174,21 @@ fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
             "loading a compiled kernel module",
         )
     };
-    let shipped = super::shipped::find(&nvrtc::key(&program.source, &program.options), arch);
+    let (source, options) = (&program.source, &program.options);
+    let shipped = super::shipped::find(&nvrtc::key(source, options), arch);
+    let cached = || {
+        let entry = nvrtc::cache_entry(source, options, arch)?;
+        let image = entry.entry().read()?;
+        load_image(&image)
+            .inspect_err(|e| entry.entry().discard(&e.to_string()))
+            .ok()
+    };
     let loaded = match shipped.map(load_image) {
         Some(Ok(module)) => module,
-        _ => load_image(&nvrtc::compile(
-            &program.source,
-            &program.name,
-            arch,
-            &program.options,
-        )?)?,
+        _ => match cached() {
+            Some(module) => module,
+            None => load_image(&nvrtc::compile(source, &program.name, arch, options)?)?,
+        },
     };
     let mut found = Vec::new();
     for name in &program.functions {

@@ -3,6 +3,7 @@
 //! works on machines without one; everything CUDA then reports [`Error::CudaUnavailable`].
 
 pub mod context;
+pub mod disk_cache;
 pub mod free;
 pub mod kernels;
 pub mod launch;

@@ -1,8 +1,7 @@
 //! NVRTC: finding the library (a CUDA toolkit, or the pip packages that PyTorch and CuPy wheels
-//! install), compiling CUDA C++ to machine code for the device at hand (PTX where NVRTC does not
-//! know the device), and caching that on disk so a new process does not run NVRTC again. The
-//! disk cache lives in `$CUBRIDGE_CACHE_DIR`, else `$XDG_CACHE_HOME/cubridge`, else
-//! `~/.cache/cubridge`; `CUBRIDGE_NVRTC=0` switches run-time compilation off.
+//! install), and compiling CUDA C++ to machine code for the device at hand (PTX where NVRTC does
+//! not know the device), which [`super::disk_cache`] keeps for later processes.
+//! `CUBRIDGE_NVRTC=0` switches run-time compilation off.
 
 use crate::error::{Error, Result};
 use cudarc::nvrtc::{result, sys};
@@ -61,9 +60,11 @@ fn ensure_loaded() -> Result<()> {
                 let mut libs: Vec<PathBuf> = entries
                     .filter_map(|e| e.ok().map(|e| e.path()))
                     .filter(|p| {
-                        p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with("libnvrtc") && n.contains(".so"))
+                        // Not the `.alt` builds beside them: the same library again, which
+                        // would double the load time.
+                        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                            n.starts_with("libnvrtc") && n.contains(".so") && !n.contains(".alt.")
+                        })
                     })
                     .collect();
                 // The builtins library first: NVRTC opens it by name while compiling.
@@ -96,16 +97,6 @@ fn ensure_loaded() -> Result<()> {
             kernel: "(loading NVRTC)".into(),
             log,
         })
-}
-
-fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("CUBRIDGE_CACHE_DIR") {
-        return Some(PathBuf::from(dir));
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(dir).join("cubridge"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("cubridge"))
 }
 
 /// Whether run-time compilation is switched off (`CUBRIDGE_NVRTC=0`): then only kernels shipped
@@ -211,20 +202,40 @@ fn target_for(arch: u32) -> Result<Target> {
         })
 }
 
-/// Compiled code for `source` on a device of compute capability `arch` (e.g. 90), ready for
-/// `cuModuleLoadData`: the disk cache's, else NVRTC's (machine code where it knows the
-/// architecture, PTX otherwise), which the disk cache then keeps. `name` names the program
-/// in errors; `extra` are further NVRTC options (`-DNAME=1`, `--use_fast_math`, ...), part of
-/// the key. A compile error carries NVRTC's log and, after it, the source lines the log points
-/// at.
-pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<Vec<u8>> {
+/// The disk cache's entry for `source` and `extra` options on a device of compute capability
+/// `arch`, for the NVRTC found (the newest entry of any NVRTC when none can be loaded: nothing
+/// could compile it then, and the driver still checks what it loads).
+pub fn cache_entry(source: &str, extra: &[String], arch: u32) -> Option<CacheEntry> {
     let key = key(source, extra);
-    let cached = cache_dir().map(|d| d.join(format!("{key}.{arch}.bin")));
-    if let Some(path) = &cached {
-        if let Ok(image) = std::fs::read(path) {
-            return Ok(image);
+    let nvrtc = version().or_else(|| super::disk_cache::any_version(&key, arch))?;
+    Some(CacheEntry { key, arch, nvrtc })
+}
+
+/// A disk-cache entry's identity, owned (see [`super::disk_cache::Entry`]).
+pub struct CacheEntry {
+    key: String,
+    arch: u32,
+    nvrtc: (i32, i32),
+}
+
+impl CacheEntry {
+    /// The borrowed form the disk cache takes.
+    pub fn entry(&self) -> super::disk_cache::Entry<'_> {
+        super::disk_cache::Entry {
+            key: &self.key,
+            arch: self.arch,
+            nvrtc: self.nvrtc,
         }
     }
+}
+
+/// Compiled code for `source` on a device of compute capability `arch` (e.g. 90), ready for
+/// `cuModuleLoadData`: NVRTC's (machine code where it knows the architecture, PTX otherwise),
+/// which the disk cache then keeps. Callers look in the cache first ([`cache_entry`]). `name`
+/// names the program in errors; `extra` are further NVRTC options (`-DNAME=1`,
+/// `--use_fast_math`, ...), part of the key. A compile error carries NVRTC's log and, after it,
+/// the source lines the log points at.
+pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<Vec<u8>> {
     if disabled() {
         return Err(Error::Compile {
             kernel: name.to_string(),
@@ -237,15 +248,8 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
         });
     }
     let image = compile_for(source, name, target_for(arch)?, extra)?;
-    if let Some(path) = cached {
-        // Best effort, atomically: a temporary file renamed into place.
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
-            let tmp = dir.join(format!("{key}.{arch}.{}.tmp", std::process::id()));
-            if std::fs::write(&tmp, &image).is_ok() {
-                let _ = std::fs::rename(&tmp, &path);
-            }
-        }
+    if let Some(cached) = cache_entry(source, extra, arch) {
+        cached.entry().write(&image);
     }
     Ok(image)
 }
