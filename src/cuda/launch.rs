@@ -30,6 +30,27 @@ pub unsafe fn launch(
     )
 }
 
+/// A type that a kernel takes by value, pushed as its bytes ([`Params::push`]).
+///
+/// # Safety
+/// Implementors are plain data with no padding: every byte of a value is initialised (integers,
+/// floats, raw pointers, and `#[repr(C)]` structs of them whose fields leave no gaps, with any
+/// gap filled by an explicit field), so that reading a value as bytes reads no uninitialised
+/// memory. Its layout is the one the kernel's C type has.
+pub unsafe trait KernelParam: Copy + 'static {}
+
+macro_rules! plain {
+    ($($t:ty),*) => {$(
+        // SAFETY: a primitive integer or float has no padding.
+        unsafe impl KernelParam for $t {}
+    )*};
+}
+plain!(i8, i16, i32, i64, isize, u8, u16, u32, u64, usize, f32, f64);
+// SAFETY: a raw pointer is one address, no padding.
+unsafe impl<T: 'static> KernelParam for *mut T {}
+// SAFETY: as above.
+unsafe impl<T: 'static> KernelParam for *const T {}
+
 /// Kernel parameters gathered one at a time, each kept at an address aligned for any C type
 /// (16 bytes), as `cuLaunchKernel` reads them: by value, through a pointer to each. All of them
 /// share one buffer, so a launch's parameter list costs one allocation, not one per parameter.
@@ -73,11 +94,10 @@ impl Params {
         self.starts.push(start);
     }
 
-    /// Appends one parameter of a plain-data type (`T` has no padding that the kernel reads and
-    /// no pointers it should not see: integers, floats, raw pointers, `#[repr(C)]` structs of
-    /// them).
-    pub fn push<T: Copy + 'static>(&mut self, value: T) {
-        // SAFETY: `value` is a live `T`; its bytes are read as bytes for its size.
+    /// Appends one parameter of a plain-data type (see [`KernelParam`]).
+    pub fn push<T: KernelParam>(&mut self, value: T) {
+        // SAFETY: `value` is a live `T`, and a `KernelParam` has no padding (the trait's
+        // contract): every one of its `size_of::<T>()` bytes is initialised.
         let bytes = unsafe {
             std::slice::from_raw_parts((&value as *const T).cast::<u8>(), size_of::<T>())
         };
@@ -116,12 +136,17 @@ mod tests {
         struct Wide {
             a: [i64; 3],
             b: i32,
+            pad: i32,
         }
+        // SAFETY: two i64-aligned fields of 24 and 8 bytes: no padding.
+        unsafe impl KernelParam for Wide {}
+        assert_eq!(size_of::<Wide>(), 32);
         let mut p = Params::with_capacity(1, 8);
         p.push(7u8);
         p.push(Wide {
             a: [1, 2, 3],
             b: -4,
+            pad: 0,
         });
         p.push(2.5f64);
         p.push_bytes(&[]);

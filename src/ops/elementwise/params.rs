@@ -4,7 +4,7 @@
 
 use crate::array::Array;
 use crate::cpu::copy::ElementBytes;
-use crate::cuda::launch::{self as cuda_launch, Params, BLOCK};
+use crate::cuda::launch::{self as cuda_launch, KernelParam, Params, BLOCK};
 use crate::cuda::{kernels, sys};
 use crate::error::{Error, Result};
 use crate::ops::launch::Launch;
@@ -32,6 +32,8 @@ pub struct Shape {
     pub d: [i64; MAX_DIMS],
     /// Dimensions in use.
     pub ndim: i32,
+    /// The C struct's tail padding, made a field so that every byte is set.
+    pub pad: i32,
 }
 
 /// `CbRaw<T>` (`kernels/user.cuh`): a whole array, indexed by a user's operation.
@@ -46,9 +48,20 @@ pub struct Raw {
     pub stride: [i64; MAX_DIMS],
     /// Dimensions in use.
     pub ndim: i32,
+    /// The C struct's padding before `n`, made a field so that every byte is set.
+    pub pad: i32,
     /// Elements in all.
     pub n: i64,
 }
+
+// SAFETY: `Strided`, `Shape` and `Raw` are `#[repr(C)]` structs of pointers and 8-byte
+// integers, with explicit fields where the C structs pad (`layouts_match_the_header` checks
+// their sizes against the sum of their fields): no byte is padding.
+unsafe impl KernelParam for Strided {}
+// SAFETY: as above.
+unsafe impl KernelParam for Shape {}
+// SAFETY: as above.
+unsafe impl KernelParam for Raw {}
 
 fn too_many(what: &str, ndim: usize) -> Error {
     Error::invalid(format!(
@@ -70,6 +83,7 @@ impl Shape {
         Ok(Shape {
             d,
             ndim: shape.len() as i32,
+            pad: 0,
         })
     }
 }
@@ -97,6 +111,7 @@ impl Raw {
             shape: [0; MAX_DIMS],
             stride: [0; MAX_DIMS],
             ndim: shape.len() as i32,
+            pad: 0,
             n: x.numel() as i64,
         };
         for k in 0..shape.len() {
@@ -283,11 +298,13 @@ mod tests {
 
     #[test]
     fn layouts_match_the_header() {
-        // Sizes as the C structs of kernels/abi.cuh and kernels/user.cuh have them (64-bit).
+        // Sizes as the C structs of kernels/abi.cuh and kernels/user.cuh have them (64-bit), and
+        // as the sums of the Rust fields: no padding byte (KernelParam's contract).
         assert_eq!(size_of::<Strided>(), 8 + 8 * 8);
-        assert_eq!(size_of::<Shape>(), 8 * 8 + 8);
-        assert_eq!(size_of::<Raw>(), 8 + 64 + 64 + 8 + 8);
+        assert_eq!(size_of::<Shape>(), 8 * 8 + 4 + 4);
+        assert_eq!(size_of::<Raw>(), 8 + 64 + 64 + 4 + 4 + 8);
         assert_eq!(std::mem::offset_of!(Raw, n), 8 + 64 + 64 + 8);
+        assert_eq!(std::mem::offset_of!(Shape, pad), 8 * 8 + 4);
     }
 
     /// Reads parameter `k` of a list as a `T`.
