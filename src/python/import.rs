@@ -44,7 +44,9 @@ fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
 /// Imports `obj` without copying: a cubridge array as is, a DLPack producer or capsule, a CUDA
 /// array interface, or a buffer-protocol object. CUDA producers order their pending work before
 /// `consumer` (a DLPack-numbered stream); a view kept for later records an event there (see
-/// [`Use`]). Errors with TypeError for anything else.
+/// [`Use`]). The memory of a tensor that requires grad, or of a JAX array, is imported
+/// read-only ([`write_refusal`]). Errors with TypeError for anything else, numpy scalars of
+/// dtypes cubridge has not (datetime64, bytes_, ...) among them.
 pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     if let Ok(a) = obj.cast::<PyArray>() {
         return Ok(Imported {
@@ -52,6 +54,70 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
             copied: false,
         });
     }
+    if is_numpy_ndarray(obj) {
+        return import_any(obj, consumer, use_);
+    }
+    let facts = type_facts(obj);
+    if facts.numpy_scalar {
+        numpy_scalar_dtype(obj)?;
+    }
+    let mut imported = import_any(obj, consumer, use_)?;
+    if forbids_writes(obj, facts) {
+        imported.array = imported.array.with_readonly(true);
+    }
+    Ok(imported)
+}
+
+/// Whether cubridge must not write `obj`'s memory: a tensor that requires grad (a write would
+/// hide from autograd), or a JAX array (immutable: other arrays may share its buffer).
+fn forbids_writes(obj: &Bound<'_, PyAny>, facts: TypeFacts) -> bool {
+    facts.immutable || (facts.grad && requires_grad(obj))
+}
+
+fn requires_grad(obj: &Bound<'_, PyAny>) -> bool {
+    obj.getattr(pyo3::intern!(obj.py(), "requires_grad"))
+        .and_then(|r| r.is_truthy())
+        .unwrap_or(false)
+}
+
+/// Why a kernel may not write `obj` in place, if it may not: BufferError for a tensor that
+/// requires grad (as torch's own `__dlpack__` refuses it), ValueError for a JAX array.
+/// `what` names the operand.
+pub fn write_refusal(obj: &Bound<'_, PyAny>, what: &str) -> Option<PyErr> {
+    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+        return None;
+    }
+    let facts = type_facts(obj);
+    if facts.immutable {
+        return Some(PyValueError::new_err(format!(
+            "{what} is a JAX array, which is immutable (other arrays may share its memory): \
+             cubridge does not write into it; leave out out= and use the result"
+        )));
+    }
+    (facts.grad && requires_grad(obj)).then(|| {
+        PyBufferError::new_err(format!(
+            "{what} requires grad: writing it in place would hide the write from autograd; \
+             pass .detach() or a tensor that does not require grad"
+        ))
+    })
+}
+
+/// The dtype of a numpy scalar, or TypeError for a dtype cubridge does not have (its bytes
+/// would otherwise come in through the buffer protocol as uint8).
+fn numpy_scalar_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let dtype = obj.getattr(pyo3::intern!(obj.py(), "dtype"))?;
+    let typestr = dtype.getattr(pyo3::intern!(obj.py(), "str"))?;
+    DType::from_typestr(typestr.extract::<&str>()?).map_err(|_| {
+        let shown = dtype.str().map_or_else(|_| "?".into(), |s| s.to_string());
+        PyTypeError::new_err(format!(
+            "unsupported dtype: cubridge cannot read a numpy {} scalar (dtype {shown})",
+            type_name(obj)
+        ))
+    })
+}
+
+/// [`import`] without the read-only rule.
+fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     if is_numpy_ndarray(obj) {
         // numpy's own arrays (host memory, never a copy) through the buffer protocol: a third
         // of the cost of its __dlpack__ (a capsule, a managed tensor and a deleter per call).
@@ -223,6 +289,11 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
         .into_parts();
     let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
     let array = from_managed(managed).ok()?;
+    let array = if forbids_writes(obj, type_facts(obj)) {
+        array.with_readonly(true)
+    } else {
+        array
+    };
     if lazy_sign(obj, array.dtype().kind() == Kind::Complex).is_some() {
         // import() refuses it, with the reason.
         return None;
@@ -251,12 +322,16 @@ enum Table {
     Unusable,
 }
 
-/// What cubridge needs to know of a producer's type: its [`Table`], and whether the type
-/// defines `__dlpack__`.
+/// What cubridge needs to know of a producer's type: its [`Table`], whether the type defines
+/// `__dlpack__`, whether its instances may require grad (torch's tensors: the instance is
+/// asked), whether its arrays are immutable (JAX's), and whether it is a numpy scalar type.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct TypeFacts {
     table: Table,
     dlpack: bool,
+    grad: bool,
+    immutable: bool,
+    numpy_scalar: bool,
 }
 
 /// `obj`'s type's [`Table`].
@@ -288,10 +363,25 @@ fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
     } else {
         Table::Unusable
     };
-    let dlpack = ty
-        .hasattr(pyo3::intern!(obj.py(), "__dlpack__"))
+    let py = obj.py();
+    let dlpack = ty.hasattr(pyo3::intern!(py, "__dlpack__")).unwrap_or(false);
+    let grad = ty
+        .hasattr(pyo3::intern!(py, "requires_grad"))
         .unwrap_or(false);
-    let facts = TypeFacts { table, dlpack };
+    let immutable = ty
+        .module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "jax" || m.starts_with("jax")));
+    let numpy_scalar = numpy_generic(py)
+        .ok()
+        .flatten()
+        .is_some_and(|g| ty.is_subclass(g).unwrap_or(false));
+    let facts = TypeFacts {
+        table,
+        dlpack,
+        grad,
+        immutable,
+        numpy_scalar,
+    };
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     if cache.len() < MAX_TYPES && !cache.iter().any(|(t, _)| t.is(&ty)) {
         cache.push((ty.unbind(), facts));
@@ -602,7 +692,13 @@ pub fn widest(a: DType, b: DType) -> DType {
     }
 }
 
-/// Builds a new array from a Python scalar or a nested list/tuple of scalars.
+/// One element of a nested sequence: its value, and its dtype when it is a numpy scalar (or a
+/// 0-d numpy array).
+type Element = (Scalar, Option<DType>);
+
+/// Builds a new array from a Python scalar or a nested list/tuple of scalars. Without a
+/// `dtype`, see [`infer_dtype`]; with one, each value is converted as numpy builds an array
+/// ([`crate::ops::create::cast_value`]).
 pub fn from_sequence(
     obj: &Bound<'_, PyAny>,
     dtype: Option<DType>,
@@ -625,8 +721,8 @@ pub fn from_sequence(
     };
     let host = Array::empty(&shape, dtype, Device::Cpu)?;
     let size = dtype.itemsize();
-    for (i, &v) in values.iter().enumerate() {
-        crate::ops::create::check_value_kind(v, dtype, "asarray")?;
+    for (i, &(v, _)) in values.iter().enumerate() {
+        let v = crate::ops::create::cast_value(v, dtype)?;
         // SAFETY: element i of a fresh contiguous host array of values.len() elements.
         unsafe { fill(dtype, host.data_ptr().add(i * size), 1, v) };
     }
@@ -637,17 +733,33 @@ pub fn from_sequence(
     }
 }
 
-/// The dtype numpy would give these Python scalars, with the Array API's float32 default for
-/// floats: the widest kind present; ints beyond int64 make uint64 when none is negative.
-fn infer_dtype(values: &[Scalar]) -> Result<DType, Error> {
+/// The dtype of an array of these elements. Python scalars alone take numpy's inference with
+/// the Array API's float32 default for floats: the widest kind present; ints beyond int64 make
+/// uint64 when none is negative. With numpy scalars among them, numpy's own inference: each
+/// numpy scalar keeps its dtype, Python values count as numpy's defaults (int64, float64,
+/// complex128), and all meet in [`DType::result_type`] (`[numpy.float64(0.1)]` stays float64).
+pub fn infer_dtype(values: &[Element]) -> Result<DType, Error> {
+    let python = |v: Scalar| match v {
+        Scalar::Int(i) if i > i128::from(i64::MAX) => DType::UInt64,
+        Scalar::Float(_) => DType::Float64,
+        Scalar::Complex(..) => DType::Complex128,
+        other => other.default_dtype(),
+    };
+    if values.iter().any(|(_, d)| d.is_some()) {
+        let dtype = values
+            .iter()
+            .map(|&(v, d)| d.unwrap_or_else(|| python(v)))
+            .reduce(DType::result_type);
+        return Ok(dtype.unwrap_or(DType::Float64));
+    }
     let inferred = values
         .iter()
-        .map(|&v| default_dtype(v))
+        .map(|&(v, _)| default_dtype(v))
         .reduce(widest)
         .unwrap_or(DType::Float32);
     let ints = || {
-        values.iter().filter_map(|v| match v {
-            Scalar::Int(i) => Some(*i),
+        values.iter().filter_map(|v| match v.0 {
+            Scalar::Int(i) => Some(i),
             _ => None,
         })
     };
@@ -669,43 +781,42 @@ fn infer_dtype(values: &[Scalar]) -> Result<DType, Error> {
 /// dtypes cubridge does not have.
 pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DType)>> {
     let py = obj.py();
-    // numpy.generic, once numpy is loaded (without numpy there are no numpy scalars): one
-    // isinstance test for every other object.
-    static GENERIC: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
-    let generic = match GENERIC.get(py) {
-        Some(g) => g,
-        None => {
-            let loaded = py
-                .import("sys")?
-                .getattr("modules")?
-                .contains(pyo3::intern!(py, "numpy"))?;
-            if !loaded {
-                return Ok(None);
-            }
-            let g = py
-                .import("numpy")?
-                .getattr("generic")?
-                .cast_into::<pyo3::types::PyType>()?;
-            GENERIC.get_or_init(py, || g.unbind())
-        }
+    let Some(generic) = numpy_generic(py)? else {
+        return Ok(None);
     };
-    if !obj.is_instance(generic.bind(py))? {
+    if !obj.is_instance(generic)? {
         return Ok(None);
     }
-    // The typestr ('<f4'): numpy computes `dtype.name` in Python, `dtype.str` in C.
-    let typestr = obj
-        .getattr(pyo3::intern!(py, "dtype"))?
-        .getattr(pyo3::intern!(py, "str"))?;
-    let Ok(dtype) = DType::from_typestr(typestr.cast::<pyo3::types::PyString>()?.to_str()?) else {
-        return Ok(None);
-    };
+    // The typestr ('<f4'): numpy computes `dtype.name` in Python, `dtype.str` in C. A dtype
+    // cubridge has not is a TypeError (a datetime64 is no array of its bytes).
+    let dtype = numpy_scalar_dtype(obj)?;
     let value = python_scalar(&obj.call_method0(pyo3::intern!(py, "item"))?)?;
     Ok(value.map(|v| (v, dtype)))
 }
 
-/// A numpy scalar (`np.float64(1.0)`, `np.int8(3)`, a 0-d array) as its Python value, for the
-/// elements of a nested sequence, which numpy accepts too.
-fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
+/// `numpy.generic`, once numpy is loaded (without numpy there are no numpy scalars).
+fn numpy_generic(py: Python<'_>) -> PyResult<Option<&Bound<'_, pyo3::types::PyType>>> {
+    static GENERIC: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
+    if let Some(g) = GENERIC.get(py) {
+        return Ok(Some(g.bind(py)));
+    }
+    let loaded = py
+        .import("sys")?
+        .getattr("modules")?
+        .contains(pyo3::intern!(py, "numpy"))?;
+    if !loaded {
+        return Ok(None);
+    }
+    let g = py
+        .import("numpy")?
+        .getattr("generic")?
+        .cast_into::<pyo3::types::PyType>()?;
+    Ok(Some(GENERIC.get_or_init(py, || g.unbind()).bind(py)))
+}
+
+/// A numpy scalar (`np.float64(1.0)`, `np.int8(3)`, a 0-d array) as its value and dtype, for
+/// the elements of a nested sequence, which numpy accepts too.
+fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Element>> {
     let py = obj.py();
     let from_numpy = obj
         .get_type()
@@ -719,17 +830,19 @@ fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
     {
         return Ok(None);
     }
-    python_scalar(&obj.call_method0(pyo3::intern!(py, "item"))?)
+    let dtype = numpy_scalar_dtype(obj)?;
+    let value = python_scalar(&obj.call_method0(pyo3::intern!(py, "item"))?)?;
+    Ok(value.map(|v| (v, Some(dtype))))
 }
 
 fn flatten(
     obj: &Bound<'_, PyAny>,
     depth: usize,
     shape: &mut Vec<usize>,
-    values: &mut Vec<Scalar>,
+    values: &mut Vec<Element>,
 ) -> PyResult<()> {
     let scalar = match python_scalar(obj)? {
-        Some(v) => Some(v),
+        Some(v) => Some((v, None)),
         None => numpy_scalar(obj)?,
     };
     if let Some(v) = scalar {

@@ -48,21 +48,15 @@ impl Operands {
     }
 }
 
-/// Refuses to write a tensor that requires grad: a write behind autograd's back would leave its
-/// version counter still and the gradients wrong (torch's `__dlpack__` refuses it; its exchange
-/// table does not).
-pub fn refuse_autograd_write(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
-    let grad = obj
-        .getattr(pyo3::intern!(obj.py(), "requires_grad"))
-        .and_then(|r| r.is_truthy())
-        .unwrap_or(false);
-    if grad {
-        return Err(pyo3::exceptions::PyBufferError::new_err(format!(
-            "{what} requires grad: writing it in place would hide the write from autograd; pass \
-             .detach() or a tensor that does not require grad"
-        )));
+/// Refuses to write `obj` in place where its producer forbids it: a tensor that requires grad
+/// (BufferError: a write behind autograd's back would leave its version counter still and the
+/// gradients wrong; torch's `__dlpack__` refuses it, its exchange table does not) or a JAX array
+/// (ValueError: immutable, and other arrays may share its memory). `what` names the operand.
+pub fn refuse_write(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    match super::import::write_refusal(obj, what) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// How a kernel uses one operand.
@@ -147,7 +141,7 @@ pub(crate) type Waits = Vec<(Stream, Device)>;
 /// is the kernel's unless `explicit` names one (the caller's `stream=`), else the legacy default
 /// stream, and the table hands over the streams to wait for instead of ordering. Every other
 /// object is then imported with the kernel's stream as its consumer. An object marked `written`
-/// must be its producer's own memory and not a tensor that requires grad.
+/// must be its producer's own memory, and one it allows to be written ([`refuse_write`]).
 pub(crate) fn take_arrays(
     objs: &[Option<&Bound<'_, PyAny>>],
     written: &[bool],
@@ -156,13 +150,14 @@ pub(crate) fn take_arrays(
 ) -> PyResult<(Stream, Waits)> {
     let mut producers: Waits = Vec::new();
     for (k, obj) in objs.iter().enumerate() {
+        if let (Some(obj), true) = (obj, written[k]) {
+            refuse_write(obj, "an output")?;
+        }
+    }
+    for (k, obj) in objs.iter().enumerate() {
         let Some(e) = obj.and_then(exchanged) else {
             continue;
         };
-        if written[k] {
-            // The table skips the refusal that torch's __dlpack__ makes.
-            refuse_autograd_write(obj.expect("exchanged from an object"), "an output")?;
-        }
         let Exchanged { imported, stream } = e;
         check_writable(&imported, written[k])?;
         if let Some(s) = stream {
