@@ -361,6 +361,34 @@ impl DType {
     }
 }
 
+impl DType {
+    /// numpy's promotion of two dtypes across kinds as well (`numpy.result_type` of two arrays):
+    /// within a kind as [`DType::promote`]; bool yields to any other; an integer meets a floating
+    /// or complex dtype in one that holds it (8-bit integers in float16, 16-bit in float32,
+    /// wider in float64); int64 and uint64 meet in float64. For dtypes given by numpy values, as
+    /// the elements of a list (`asarray([numpy.int32(1), numpy.float32(2)])` is float64).
+    pub fn result_type(a: DType, b: DType) -> DType {
+        use Kind::*;
+        if let Ok(d) = DType::promote(a, b, "result_type") {
+            return d;
+        }
+        let holding = |int: DType| match int.itemsize() {
+            1 => DType::Float16,
+            2 => DType::Float32,
+            _ => DType::Float64,
+        };
+        let within = |x: DType, y: DType| DType::promote(x, y, "result_type").unwrap_or(x);
+        match (a.kind(), b.kind()) {
+            (Bool, _) => b,
+            (_, Bool) => a,
+            (Int | UInt, Float | Complex) => within(b, holding(a)),
+            (Float | Complex, Int | UInt) => within(a, holding(b)),
+            // int64 and uint64: no integer holds both.
+            _ => DType::Float64,
+        }
+    }
+}
+
 fn int_of_size(kind: Kind, bytes: usize) -> Option<DType> {
     TABLE
         .iter()
@@ -383,6 +411,26 @@ mod tests {
         for (i, d) in DType::ALL.iter().enumerate() {
             assert_eq!(TABLE[i].dtype, *d);
             assert_eq!(*d as usize, i);
+        }
+    }
+
+    #[test]
+    fn result_type_crosses_kinds_as_numpy() {
+        use DType::*;
+        for (a, b, want) in [
+            (Int32, Float32, Float64),
+            (Int8, Float32, Float32),
+            (UInt8, Float16, Float16),
+            (Int16, Float16, Float32),
+            (Int64, Complex64, Complex128),
+            (Bool, Int8, Int8),
+            (Float64, Bool, Float64),
+            (Int64, UInt64, Float64),
+            (Int8, UInt8, Int16),
+            (Float32, Complex64, Complex64),
+        ] {
+            assert_eq!(DType::result_type(a, b), want, "{a} {b}");
+            assert_eq!(DType::result_type(b, a), want, "{b} {a}");
         }
     }
 

@@ -326,7 +326,14 @@ mod tests {
 
     #[test]
     fn broadcast_add_with_promotion() {
-        let a = arange(0.0, 6.0, 1.0, DType::Int8, Device::Cpu).unwrap();
+        let a = arange(
+            Scalar::Int(0),
+            Scalar::Int(6),
+            Scalar::Int(1),
+            DType::Int8,
+            Device::Cpu,
+        )
+        .unwrap();
         let a = unsafe_reshape(&a, &[2, 3]);
         let b = full(&[3], Scalar::Int(100), DType::Int32, Device::Cpu).unwrap();
         let r = add(&a, &b, None, None).unwrap();
@@ -338,7 +345,14 @@ mod tests {
 
     #[test]
     fn interleaved_views_do_not_overlap() {
-        let x = arange(0.0, 8.0, 1.0, DType::Float32, Device::Cpu).unwrap();
+        let x = arange(
+            Scalar::Int(0),
+            Scalar::Int(8),
+            Scalar::Int(1),
+            DType::Float32,
+            Device::Cpu,
+        )
+        .unwrap();
         let even = x.as_strided(&[4], &[2], 0).unwrap();
         let odd = x.as_strided(&[4], &[2], 1).unwrap();
         assert!(elements_disjoint(&even, &odd) && elements_disjoint(&odd, &even));
@@ -358,7 +372,14 @@ mod tests {
 
     #[test]
     fn in_place_is_allowed_and_partial_overlap_is_not() {
-        let a = arange(0.0, 4.0, 1.0, DType::Float32, Device::Cpu).unwrap();
+        let a = arange(
+            Scalar::Int(0),
+            Scalar::Int(4),
+            Scalar::Int(1),
+            DType::Float32,
+            Device::Cpu,
+        )
+        .unwrap();
         let one = full(&[], Scalar::Float(1.0), DType::Float32, Device::Cpu).unwrap();
         add(&a, &one, Some(&a), None).unwrap();
         assert_eq!(
@@ -366,7 +387,14 @@ mod tests {
             (1..5).map(|v| Scalar::Float(v as f64)).collect::<Vec<_>>()
         );
         // out = a shifted by one element.
-        let a6 = arange(0.0, 6.0, 1.0, DType::Float32, Device::Cpu).unwrap();
+        let a6 = arange(
+            Scalar::Int(0),
+            Scalar::Int(6),
+            Scalar::Int(1),
+            DType::Float32,
+            Device::Cpu,
+        )
+        .unwrap();
         let shifted = crate::layout::Layout::new(vec![4], vec![1], 4).unwrap();
         // SAFETY: elements 1..5 of a 6-element buffer.
         let view = unsafe {

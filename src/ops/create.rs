@@ -36,37 +36,125 @@ pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: Device) -> Res
     Ok(out)
 }
 
-/// `[start, start + step, ...)` up to but excluding `stop`, as a 1-d array of `dtype`.
-pub fn arange(start: f64, stop: f64, step: f64, dtype: DType, device: Device) -> Result<Array> {
-    if step == 0.0 || !step.is_finite() || !start.is_finite() || !stop.is_finite() {
-        return Err(Error::invalid(format!(
-            "arange needs finite start, stop and a non-zero step, got {start}, {stop}, {step}"
-        )));
-    }
-    let count = ((stop - start) / step).ceil().max(0.0);
-    if count > (isize::MAX as f64) {
-        // Debug formatting keeps exponents: Display would print 1e-300 as 300 digits.
-        return Err(Error::invalid(format!(
-            "arange({start:?}, {stop:?}, {step:?}) is too long"
-        )));
-    }
-    let n = count as usize;
+/// `[start, start + step, ...)` up to but excluding `stop`, as a 1-d array of `dtype`. Integer
+/// bounds and step (Python's or numpy's ints) count and fill exactly, in 128-bit integers, into
+/// any dtype (values an integer dtype cannot hold raise [`Error::Overflow`]); any float among
+/// them makes the range a float64 one, rounded into `dtype` as numpy does.
+pub fn arange(
+    start: Scalar,
+    stop: Scalar,
+    step: Scalar,
+    dtype: DType,
+    device: Device,
+) -> Result<Array> {
     if !device.is_host_accessible() {
         let host = arange(start, stop, step, dtype, Device::Cpu)?;
         return super::copy(&host, dtype, device);
     }
+    let int = |v: Scalar| match v {
+        Scalar::Int(i) => Some(i),
+        Scalar::Bool(b) => Some(i128::from(b)),
+        _ => None,
+    };
+    let (n, value): (usize, Box<dyn Fn(usize) -> Scalar>) = match (int(start), int(stop), int(step))
+    {
+        (Some(a), Some(b), Some(s)) => {
+            if s == 0 {
+                return Err(Error::invalid("arange needs a non-zero step"));
+            }
+            // ceil((b - a) / s), exactly.
+            let (span, s_abs) = if s > 0 { (b - a, s) } else { (a - b, -s) };
+            let count = if span <= 0 {
+                0
+            } else {
+                (span + s_abs - 1) / s_abs
+            };
+            let n = length(count as f64, || format!("arange({a}, {b}, {s})"))?;
+            if n > 0 {
+                check_value_kind(Scalar::Int(a), dtype, "arange")?;
+                check_value_kind(Scalar::Int(a + (n as i128 - 1) * s), dtype, "arange")?;
+            }
+            (n, Box::new(move |i| Scalar::Int(a + i as i128 * s)))
+        }
+        _ => {
+            let real = |v: Scalar| match v {
+                Scalar::Bool(b) => Ok(f64::from(u8::from(b))),
+                Scalar::Int(i) => Ok(i as f64),
+                Scalar::Float(f) => Ok(f),
+                Scalar::Complex(..) => Err(Error::DTypeMismatch {
+                    op: "arange",
+                    left: dtype.name().into(),
+                    right: "a complex bound".into(),
+                }),
+            };
+            let (a, b, s) = (real(start)?, real(stop)?, real(step)?);
+            if s == 0.0 || !s.is_finite() || !a.is_finite() || !b.is_finite() {
+                return Err(Error::invalid(format!(
+                    "arange needs finite start, stop and a non-zero step, got {a}, {b}, {s}"
+                )));
+            }
+            // Debug formatting keeps exponents: Display would print 1e-300 as 300 digits.
+            let n = length(((b - a) / s).ceil().max(0.0), || {
+                format!("arange({a:?}, {b:?}, {s:?})")
+            })?;
+            let kind = dtype.kind();
+            (
+                n,
+                Box::new(move |i| {
+                    let v = a + i as f64 * s;
+                    match kind {
+                        Kind::Float | Kind::Complex => Scalar::Float(v),
+                        _ => Scalar::Int(v as i128),
+                    }
+                }),
+            )
+        }
+    };
     let out = Array::empty(&[n], dtype, device)?;
     let size = dtype.itemsize();
     for i in 0..n {
-        let v = start + i as f64 * step;
-        let value = match dtype.kind() {
-            Kind::Float | Kind::Complex => Scalar::Float(v),
-            _ => Scalar::Int(v as i128),
-        };
         // SAFETY: element i of the fresh contiguous allocation of n elements.
-        unsafe { fill(dtype, out.data_ptr().add(i * size), 1, value) };
+        unsafe { fill(dtype, out.data_ptr().add(i * size), 1, value(i)) };
     }
     Ok(out)
+}
+
+/// A range's element count, refused past what an allocation could address.
+fn length(count: f64, what: impl Fn() -> String) -> Result<usize> {
+    if count > (isize::MAX as f64) {
+        return Err(Error::invalid(format!("{} is too long", what())));
+    }
+    Ok(count as usize)
+}
+
+/// A Python value converted for an element of `dtype` the way numpy builds an array from
+/// values (`numpy.asarray([1.5], dtype="int32")` is `[1]`): floats truncate toward zero into
+/// integer dtypes, and any non-zero value is true in bool. As numpy 2 does, an integer that the
+/// dtype cannot hold is an [`Error::Overflow`] rather than wrapping, so is a float beyond an
+/// integer dtype, a NaN or infinity into one is an [`Error::Invalid`], and a complex value into
+/// a real dtype is refused.
+pub fn cast_value(value: Scalar, dtype: DType) -> Result<Scalar> {
+    let value = match (value, dtype.kind()) {
+        (Scalar::Int(v), Kind::Bool) => Scalar::Bool(v != 0),
+        (Scalar::Float(v), Kind::Bool) => Scalar::Bool(v != 0.0),
+        (Scalar::Float(v), Kind::Int | Kind::UInt) => {
+            if !v.is_finite() {
+                return Err(Error::invalid(format!(
+                    "cannot convert float {v} to integer ({dtype})"
+                )));
+            }
+            let t = v.trunc();
+            if t.abs() >= 2f64.powi(64) {
+                return Err(Error::Overflow(format!(
+                    "Python float {v} out of bounds for {dtype}"
+                )));
+            }
+            Scalar::Int(t as i128)
+        }
+        _ => value,
+    };
+    check_value_kind(value, dtype, "asarray")?;
+    Ok(value)
 }
 
 /// Refuses values that `dtype` cannot hold meaningfully, as the Array API does for Python
@@ -117,20 +205,59 @@ mod tests {
 
     #[test]
     fn arange_counts_like_numpy() {
-        let a = arange(0.0, 5.0, 1.0, DType::Int32, Device::Cpu).unwrap();
+        let (i, f) = (Scalar::Int, Scalar::Float);
+        let a = arange(i(0), i(5), i(1), DType::Int32, Device::Cpu).unwrap();
         assert_eq!(a.shape(), &[5]);
-        let a = arange(1.0, 2.0, 0.3, DType::Float64, Device::Cpu).unwrap();
+        let a = arange(f(1.0), f(2.0), f(0.3), DType::Float64, Device::Cpu).unwrap();
         assert_eq!(a.shape(), &[4]);
         // SAFETY: element 3 of a 4-element float64 array.
         let last = unsafe { read_scalar(DType::Float64, a.data_ptr(), 3) };
         assert_eq!(last, Scalar::Float(1.0 + 3.0 * 0.3));
-        assert_eq!(
-            arange(5.0, 0.0, 1.0, DType::Int8, Device::Cpu)
-                .unwrap()
-                .shape(),
-            &[0]
-        );
-        assert!(arange(0.0, 1.0, 0.0, DType::Int8, Device::Cpu).is_err());
+        let empty = arange(i(5), i(0), i(1), DType::Int8, Device::Cpu).unwrap();
+        assert_eq!(empty.shape(), &[0]);
+        assert!(arange(i(0), i(1), i(0), DType::Int8, Device::Cpu).is_err());
+        assert!(arange(f(0.0), f(1.0), f(0.0), DType::Int8, Device::Cpu).is_err());
+        // Integers count and fill exactly where float64 cannot tell them apart.
+        let big = 1i128 << 53;
+        let a = arange(i(big), i(big + 4), i(1), DType::Int64, Device::Cpu).unwrap();
+        // SAFETY: elements of a 4-element int64 array.
+        let values: Vec<Scalar> = (0..4)
+            .map(|k| unsafe { read_scalar(DType::Int64, a.data_ptr(), k) })
+            .collect();
+        assert_eq!(values, (0..4).map(|k| i(big + k)).collect::<Vec<_>>());
+        let top = i128::from(u64::MAX);
+        let a = arange(i(top), i(top - 6), i(-3), DType::UInt64, Device::Cpu).unwrap();
+        assert_eq!(a.shape(), &[2]);
+        // SAFETY: element 1 of a 2-element uint64 array.
+        let second = unsafe { read_scalar(DType::UInt64, a.data_ptr(), 1) };
+        assert_eq!(second, i(top - 3));
+        assert!(matches!(
+            arange(i(250), i(260), i(1), DType::UInt8, Device::Cpu),
+            Err(Error::Overflow(_))
+        ));
+    }
+
+    #[test]
+    fn values_cast_as_numpy_builds_arrays() {
+        use Scalar::*;
+        assert_eq!(cast_value(Float(1.5), DType::Int32), Ok(Int(1)));
+        assert_eq!(cast_value(Float(-1.9), DType::Int8), Ok(Int(-1)));
+        assert_eq!(cast_value(Int(0), DType::Bool), Ok(Bool(false)));
+        assert_eq!(cast_value(Float(0.5), DType::Bool), Ok(Bool(true)));
+        assert_eq!(cast_value(Int(3), DType::Float16), Ok(Int(3)));
+        assert!(matches!(
+            cast_value(Int(300), DType::Int8),
+            Err(Error::Overflow(_))
+        ));
+        assert!(matches!(
+            cast_value(Float(1e30), DType::Int64),
+            Err(Error::Overflow(_))
+        ));
+        assert!(matches!(
+            cast_value(Float(f64::NAN), DType::Int32),
+            Err(Error::Invalid(_))
+        ));
+        assert!(cast_value(Complex(1.0, 2.0), DType::Float64).is_err());
     }
 
     #[test]

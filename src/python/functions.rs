@@ -1,11 +1,15 @@
 //! Module-level functions: creation, import, `add`, and `cubridge.cuda` queries.
 
-use super::import::{default_dtype, finish, from_sequence, import, python_scalar, widest};
+use super::import::{
+    default_dtype, finish, from_sequence, import, infer_dtype, python_scalar, typed_numpy_scalar,
+    widest,
+};
 use super::operands::take_arrays;
 use super::stream::Use;
 use super::types::PyArray;
 use super::types::{parse_device, parse_dtype};
 use crate::array::Array;
+use crate::cpu::element::Scalar;
 use crate::cuda::stream::LEGACY;
 use crate::dtype::DType;
 use crate::error::Error;
@@ -81,7 +85,24 @@ pub fn zeros(
     Ok(PyArray::new(a))
 }
 
-/// A new array with every element `fill_value`.
+/// A Python or numpy scalar as a value and the dtype it takes when none is given: a numpy
+/// scalar's own, else the Array API's default for the Python kind (bool, int64, float32,
+/// complex64; uint64 for an int past int64).
+fn creation_value(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Scalar, DType)> {
+    if let Some(v) = python_scalar(obj)? {
+        return Ok((v, infer_dtype(&[(v, None)])?));
+    }
+    if let Some((v, d)) = typed_numpy_scalar(obj)? {
+        return Ok((v, d));
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "{what} must be a bool, int, float or complex (Python's or numpy's), not {}",
+        super::import::type_name(obj)
+    )))
+}
+
+/// A new array with every element `fill_value`; its dtype, when none is given, is the value's
+/// (see [`creation_value`]).
 #[pyfunction]
 #[pyo3(signature = (shape, fill_value, *, dtype=None, device=None))]
 pub fn full(
@@ -91,38 +112,47 @@ pub fn full(
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
     let _restore = crate::cuda::context::Restore::new();
-    let value = python_scalar(fill_value)?.ok_or_else(|| {
-        pyo3::exceptions::PyTypeError::new_err("fill_value must be a bool, int, float or complex")
-    })?;
+    let (value, inferred) = creation_value(fill_value, "fill_value")?;
     let a = ops::full(
         &parse_shape(shape)?,
         value,
-        dtype_or(dtype, DType::Float32)?,
+        dtype_or(dtype, inferred)?,
         parse_device(device)?,
     )?;
     Ok(PyArray::new(a))
 }
 
 /// `arange(stop)` or `arange(start, stop, step)`: evenly spaced values in `[start, stop)`.
+/// Integer bounds and step count exactly and make int64 when no dtype is given; any float among
+/// them makes float32 (the default floating dtype).
 #[pyfunction]
-#[pyo3(signature = (start, /, stop=None, step=1.0, *, dtype=None, device=None))]
+#[pyo3(signature = (start, /, stop=None, step=None, *, dtype=None, device=None))]
 pub fn arange(
-    start: f64,
-    stop: Option<f64>,
-    step: f64,
+    start: &Bound<'_, PyAny>,
+    stop: Option<&Bound<'_, PyAny>>,
+    step: Option<&Bound<'_, PyAny>>,
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
     let _restore = crate::cuda::context::Restore::new();
-    let (start, stop) = match stop {
-        Some(stop) => (start, stop),
-        None => (0.0, start),
+    let start = creation_value(start, "arange's start")?;
+    let (start, stop) = match stop.filter(|s| !s.is_none()) {
+        Some(stop) => (start, creation_value(stop, "arange's stop")?),
+        None => ((Scalar::Int(0), DType::Int64), start),
     };
+    let step = match step.filter(|s| !s.is_none()) {
+        Some(step) => creation_value(step, "arange's step")?,
+        None => (Scalar::Int(1), DType::Int64),
+    };
+    let inferred = [start.1, stop.1, step.1]
+        .into_iter()
+        .reduce(widest)
+        .unwrap_or(DType::Int64);
     let a = ops::arange(
-        start,
-        stop,
-        step,
-        dtype_or(dtype, DType::Float32)?,
+        start.0,
+        stop.0,
+        step.0,
+        dtype_or(dtype, inferred)?,
         parse_device(device)?,
     )?;
     Ok(PyArray::new(a))
@@ -412,11 +442,10 @@ pub fn release_other_caches() {
     });
 }
 
-/// Free and total bytes of device memory on `device`.
+/// Free and total bytes of device memory on `device` (default: the current device).
 #[pyfunction]
-pub fn cuda_mem_info(device: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
-    match parse_device(Some(device))? {
-        crate::Device::Cuda(n) => Ok(crate::cuda::memory::mem_info(n)?),
-        other => Err(Error::invalid(format!("{other} is not a CUDA device")).into()),
-    }
+#[pyo3(signature = (device=None))]
+pub fn cuda_mem_info(device: Option<&Bound<'_, PyAny>>) -> PyResult<(usize, usize)> {
+    let _restore = crate::cuda::context::Restore::new();
+    Ok(crate::cuda::memory::mem_info(cuda_device(device)?)?)
 }
