@@ -36,8 +36,8 @@ def synchronize(device=None) -> None:
     _cubridge.cuda_synchronize(device)
 
 
-def mem_info(device="cuda") -> tuple[int, int]:
-    """Free and total bytes of device memory."""
+def mem_info(device=None) -> tuple[int, int]:
+    """Free and total bytes of device memory on ``device`` (default: the current device)."""
     return _cubridge.cuda_mem_info(device)
 
 

@@ -68,25 +68,7 @@ impl DlpackExporter for Exporter<'_> {
     }
 
     fn prepare_export(&self, _py: Python<'_>, request: &ExportRequest<'_>) -> PyResult<()> {
-        if !matches!(self.0.device(), Device::Cuda(_)) {
-            // Host memory has no pending device work to order.
-            return Ok(());
-        }
-        let consumer = match request.cuda_stream()? {
-            CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => cs::LEGACY,
-            CudaStreamRequest::PerThreadDefault => cs::PER_THREAD,
-            CudaStreamRequest::Pointer(p) => cs::Stream::from_handle(p),
-            CudaStreamRequest::NoSync => {
-                // The consumer orders its reads itself, on a stream it does not name.
-                self.0.record_unknown_consumer();
-                return Ok(());
-            }
-        };
-        // The consumer's stream waits for our pending work; the host never blocks. The memory's
-        // free will wait for what the consumer queues there.
-        self.0.order_before(consumer)?;
-        self.0.record_consumer(consumer);
-        Ok(())
+        hand_over(self.0, request)
     }
 
     fn export_legacy(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensor>> {
@@ -96,6 +78,70 @@ impl DlpackExporter for Exporter<'_> {
     fn export_versioned(&self, _py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
         Ok(to_managed(self.0, false)?)
     }
+}
+
+/// A bfloat16 host array as an `ml_dtypes.bfloat16` numpy array of the same memory (its
+/// elements as uint16, viewed as bfloat16); TypeError for any other dtype that the buffer
+/// protocol cannot describe, and where ml_dtypes is not installed.
+fn bfloat16_view<'py>(slf: &Bound<'py, PyArray>) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    let array = &slf.get().inner;
+    let refused = |why: &str| {
+        PyTypeError::new_err(format!(
+            "numpy has no {}{why}; torch.from_dlpack(x) reads it without a copy",
+            array.dtype()
+        ))
+    };
+    if array.dtype() != crate::DType::BFloat16 {
+        return Err(refused(""));
+    }
+    let bf16 = py
+        .import("ml_dtypes")
+        .and_then(|m| m.getattr("bfloat16"))
+        .map_err(|_| refused(" (install ml_dtypes for numpy arrays of bfloat16)"))?;
+    // SAFETY: uint16 has bfloat16's size and alignment, so the same layout addresses the same
+    // elements of the same buffer; the read-only flag is kept.
+    let bits = unsafe {
+        Array::from_parts(
+            array.buffer().clone(),
+            array.layout().clone(),
+            crate::DType::UInt16,
+            array.device(),
+            array.readonly(),
+        )
+    };
+    let numpy = py.import("numpy")?;
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item("copy", false)?;
+    let words = numpy.call_method(
+        "array",
+        (Bound::new(py, PyArray::new(bits))?,),
+        Some(&kwargs),
+    )?;
+    words.call_method1("view", (bf16,))
+}
+
+/// Hands `array` (the exported memory: the array's own, or a copy made for the consumer) over
+/// to the consumer of `request`: for CUDA memory, the consumer's stream waits for the pending
+/// work (the host never blocks) and the memory's free will wait for what the consumer queues
+/// there. Host memory has no pending device work to order.
+fn hand_over(array: &Array, request: &ExportRequest<'_>) -> PyResult<()> {
+    if !matches!(array.device(), Device::Cuda(_)) {
+        return Ok(());
+    }
+    let consumer = match request.cuda_stream()? {
+        CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => cs::LEGACY,
+        CudaStreamRequest::PerThreadDefault => cs::PER_THREAD,
+        CudaStreamRequest::Pointer(p) => cs::Stream::from_handle(p),
+        CudaStreamRequest::NoSync => {
+            // The consumer orders its reads itself, on a stream it does not name.
+            array.record_unknown_consumer();
+            return Ok(());
+        }
+    };
+    array.order_before(consumer)?;
+    array.record_consumer(consumer);
+    Ok(())
 }
 
 #[pymethods]
@@ -258,6 +304,8 @@ impl PyArray {
         }
         let src = &self.inner;
         let copied = py.detach(|| ops::copy(src, src.dtype(), target))?;
+        // The copy is queued like any write: the consumer's stream waits for it.
+        hand_over(&copied, &request)?;
         match request.abi() {
             ExportAbi::Versioned => to_managed::<DLManagedTensorVersioned>(&copied, true)?
                 .into_bound_py_any(py)
@@ -315,6 +363,37 @@ impl PyArray {
         let kwargs = pyo3::types::PyDict::new(py);
         kwargs.set_item("copy", true)?;
         numpy.call_method("array", (source,), Some(&kwargs))
+    }
+
+    /// numpy's conversion (`numpy.asarray(x)`), which numpy asks for only where the buffer
+    /// protocol cannot serve: device memory is refused with the ways to copy it (numpy reads
+    /// host memory only); bfloat16, which numpy has not, becomes an `ml_dtypes.bfloat16` array
+    /// of the same memory where ml_dtypes is installed, and is refused otherwise. Every other
+    /// host array is its buffer, with numpy's `dtype` and `copy` rules.
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let array = &slf.get().inner;
+        if !array.device().is_host_accessible() {
+            return Err(PyTypeError::new_err(format!(
+                "the array is on {}, and numpy reads host memory only: copy it with x.to_numpy() \
+                 or numpy.from_dlpack(x, device='cpu')",
+                array.device()
+            )));
+        }
+        let numpy = py.import("numpy")?;
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("dtype", dtype)?;
+        kwargs.set_item("copy", copy)?;
+        let memory = match pyo3::types::PyMemoryView::from(slf.as_any()) {
+            Ok(view) => view.into_any(),
+            Err(_) => bfloat16_view(slf)?,
+        };
+        numpy.call_method("array", (memory,), Some(&kwargs))
     }
 
     /// A copy of the array on `device` (always a new array).

@@ -160,34 +160,47 @@ pub struct PyRawKernel {
     inner: RawKernel,
 }
 
-/// A grid or block: an int or a tuple of up to three.
-fn dims(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<[u32; 3]> {
-    let values: Vec<i64> = if let Ok(v) = obj.extract::<i64>() {
+/// A grid or block: an int or a tuple of up to three, each at least 1 and at most what CUDA
+/// launches (`limits`: x, y, z).
+fn dims(obj: &Bound<'_, PyAny>, what: &str, limits: [u32; 3]) -> PyResult<[u32; 3]> {
+    let shape_error =
+        || PyTypeError::new_err(format!("{what} must be an int or a tuple of up to 3 ints"));
+    let values: Vec<i128> = if let Ok(v) = obj.extract::<i128>() {
         vec![v]
     } else {
-        obj.extract::<Vec<i64>>().map_err(|_| {
-            PyTypeError::new_err(format!("{what} must be an int or a tuple of up to 3 ints"))
-        })?
+        obj.extract::<Vec<i128>>().map_err(|_| shape_error())?
     };
     if values.is_empty() || values.len() > 3 {
-        return Err(PyTypeError::new_err(format!(
-            "{what} must be an int or a tuple of up to 3 ints"
-        )));
+        return Err(shape_error());
     }
     let mut out = [1u32; 3];
     for (k, &v) in values.iter().enumerate() {
+        if v < 1 {
+            return Err(Error::invalid(format!("{what} {values:?} must be positive")).into());
+        }
         out[k] = u32::try_from(v)
             .ok()
-            .filter(|&v| v > 0)
-            .ok_or_else(|| Error::invalid(format!("{what} {values:?} must be positive")))?;
+            .filter(|&v| v <= limits[k])
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "{what} {values:?} is too large: CUDA takes at most {} in x, {} in y and {} \
+                     in z",
+                    limits[0], limits[1], limits[2]
+                ))
+            })?;
     }
     Ok(out)
 }
 
+/// The largest grid CUDA launches, per dimension.
+const GRID_LIMITS: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+/// The largest block, per dimension (at most 1024 threads in all, which the launch checks).
+const BLOCK_LIMITS: [u32; 3] = [1024, 1024, 64];
+
 #[pymethods]
 impl PyRawKernel {
     #[new]
-    #[pyo3(signature = (source, name, *, options=None))]
+    #[pyo3(signature = (source, name, options=None))]
     fn new(source: &str, name: &str, options: Option<Vec<String>>) -> PyResult<Self> {
         Ok(PyRawKernel {
             inner: RawKernel::new(source, name, options.unwrap_or_default())?,
@@ -225,7 +238,10 @@ impl PyRawKernel {
     ) -> PyResult<()> {
         let _restore = crate::cuda::context::Restore::new();
         let _later = crate::cuda::release::DropLater::new();
-        let (grid, block) = (dims(grid, "grid")?, dims(block, "block")?);
+        let (grid, block) = (
+            dims(grid, "grid", GRID_LIMITS)?,
+            dims(block, "block", BLOCK_LIMITS)?,
+        );
         if !(args.is_instance_of::<PyTuple>() || args.is_instance_of::<PyList>()) {
             return Err(PyTypeError::new_err("args must be a tuple or a list"));
         }
