@@ -112,13 +112,39 @@ def pytest_addoption(parser):
     )
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    callspec = getattr(item, "callspec", None)
-    cell = callspec.params.get("cell") if callspec else None
-    if cell is None or not hasattr(cell, "as_dict"):
+_CELLS = {}
+
+
+def _matrix_test(nodeid):
+    """(test name, parameter id) of a test of test_matrix.py, or None."""
+    if "test_matrix.py::" not in nodeid or "[" not in nodeid:
+        return None
+    name, _, param = nodeid.split("::")[-1].partition("[")
+    return name, param[:-1]
+
+
+def _cell(param):
+    if not _CELLS:
+        import matrix_libs
+
+        _CELLS.update((c.id, c) for c in matrix_libs.cells())
+    return _CELLS.get(param)
+
+
+def pytest_runtest_logreport(report):
+    """Records each matrix cell's outcome, and each exchange's cost, from the test reports: in
+    the one process of a plain run, and in the controller of a pytest-xdist run (which receives
+    every worker's reports), so that one JSON file holds the whole run."""
+    found = _matrix_test(report.nodeid)
+    if found is None:
+        return
+    props = dict(report.user_properties)
+    if found[0] == "test_exchange_cost":
+        if report.when == "call" and "cost" in props:
+            _COSTS[found[1]] = props["cost"]
+        return
+    cell = _cell(found[1])
+    if cell is None:
         return
     if report.when != "call" and not (report.skipped or report.failed):
         return
@@ -127,11 +153,11 @@ def pytest_runtest_makereport(item, call):
     else:
         result = report.outcome  # passed, failed, skipped
     record = {"cell": cell.as_dict(), "id": cell.id, "outcome": result}
-    props = dict(item.user_properties)
     if "limit" in props:
         record["limit"] = props["limit"]
     if result == "skipped":
-        record["reason"] = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+        longrepr = report.longrepr
+        record["reason"] = longrepr[2] if isinstance(longrepr, (tuple, list)) else ""
     if result == "failed":
         record["error"] = str(report.longrepr)[-1500:]
     _MATRIX.setdefault(cell.id, record)
@@ -139,13 +165,23 @@ def pytest_runtest_makereport(item, call):
         _MATRIX[cell.id] = record
 
 
+_COSTS = {}
+
+
 def pytest_sessionfinish(session):
     path = session.config.getoption("--matrix-json")
-    if not path or not _MATRIX:
-        return
+    if not path or not _MATRIX or hasattr(session.config, "workerinput"):
+        return  # (a pytest-xdist worker: its controller writes the file)
     import json
 
     import matrix_report
 
     with open(path, "w") as f:
-        json.dump({"environment": matrix_report.environment(), "cells": list(_MATRIX.values())}, f)
+        json.dump(
+            {
+                "environment": matrix_report.environment(),
+                "cells": list(_MATRIX.values()),
+                "costs": list(_COSTS.values()),
+            },
+            f,
+        )

@@ -317,6 +317,8 @@ def _kernel_cells(libs):
 def why_not_applicable(cell):
     if cell.kind in ("add", "kernel"):
         return add_not_applicable(cell)
+    if cell.kind == "stream" and cell.producer == "jax" and cell.stream != "default":
+        return "jax offers no stream to write on: its work runs on streams of its own"
     if cell.kind == "raw":
         if cell.device not in producer_devices(cell.producer):
             return f"{cell.producer} has no arrays on {cell.device}"
@@ -350,6 +352,11 @@ class LegacyCapsule(Exception):
 
 class NoStream(Exception):
     """A CUDA array interface without a `stream` entry: consumers cannot order after it."""
+
+
+class NotKeptAlive(Exception):
+    """The consumer's array outlived the object that exported a CUDA array interface: the
+    consumer holds no reference to it, so the memory may be freed and reused under it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -631,6 +638,53 @@ LIMITS = [
         "__dlpack__",
         "jax.numpy.from_dlpack does not read the C exchange table",
         _proto_is("exchange-table"),
+    ),
+    Limit(
+        "jax",
+        "jax",
+        "consumer",
+        ("TypeError",),
+        r"unsupported device type \(DLDeviceType: (3|13)",
+        "jax.numpy.from_dlpack reads neither pinned (3) nor managed (13) DLPack memory",
+    ),
+    Limit(
+        CAI,
+        "jax",
+        "consumer",
+        ("JaxRuntimeError",),
+        r"Unknown NumPy dtype dtype\('V2'\)",
+        CAI_BF16,
+        _dtype_is("bfloat16"),
+    ),
+    Limit(
+        "jax",
+        "jax",
+        "consumer",
+        ("NoStreamWait",),
+        "",
+        "jax.numpy.asarray does not wait on a CUDA array interface's stream: it read the values "
+        "from before the producer's pending write",
+        _proto_is("cai"),
+    ),
+    Limit(
+        "jax",
+        "jax",
+        "consumer",
+        ("NotKeptAlive",),
+        "",
+        "jax.numpy.asarray of a CUDA array interface keeps no reference to the exporting object: "
+        "the memory can be freed and reused under the jax array (take jax arrays in by DLPack)",
+        _proto_is("cai"),
+    ),
+    Limit(
+        "torch",
+        "torch",
+        "consumer",
+        ("TypeError",),
+        "read only flag is not supported",
+        "torch.as_tensor refuses a read-only CUDA array interface (jax's are: jax arrays are "
+        "immutable)",
+        _proto_is("cai"),
     ),
 ]
 LIMITS += [
@@ -1174,7 +1228,12 @@ class Jax(Lib):
 
     def consume(self, h, protocol, device):
         jnp = importlib.import_module("jax.numpy")
-        if protocol in ("cai", "buffer"):
+        if protocol == "buffer":
+            # Host memory: on jax's CPU device, whatever platform jax runs on by default (on a
+            # GPU one, jax.numpy.asarray(copy=False) refuses host memory).
+            with self.module.default_device(self.module.devices("cpu")[0]):
+                return jnp.asarray(h, copy=False)
+        if protocol == "cai":
             return jnp.asarray(h, copy=False)
         return jnp.from_dlpack(h)
 

@@ -1,10 +1,12 @@
-"""Turns interop-matrix runs into MATRIX.md.
+"""Turns interop-matrix runs into MATRIX.md (every cell, and what each exchange costs) and
+MATRIX-kernels.md (the users' kernels' cells).
 
     python3 -m pytest interop-tests/test_matrix.py --matrix-json run.json
-    python3 interop-tests/matrix_report.py run.json [more.json ...] > interop-tests/MATRIX.md
-    python3 interop-tests/matrix_report.py --kernels run.json > interop-tests/MATRIX-kernels.md
+    python3 interop-tests/matrix_report.py run.json [more.json ...] --out interop-tests
+    python3 interop-tests/matrix_report.py [--kernels] run.json > report.md
 
-`--kernels` reports only the cells of users' kernels (ElementwiseKernel and RawKernel).
+`interop-tests/run_matrix.py` does both in one command. `--out DIR` writes both reports there;
+without it the report (`--kernels`: only the users' kernels' cells) goes to stdout.
 
 Several runs may be given (say, a CPU machine and a GPU machine); for each cell the first run
 that ran it counts, and a failure in any run wins. Cells come from matrix_libs.cells(), so a cell
@@ -342,6 +344,8 @@ def build(runs, kernels_only=False):
                      lambda p, d: [c for c in raw if c.producer == p and c.dtype == d],
                      results, notes))  # fmt: skip
     out.append("")
+    if not kernels_only:
+        out += costs(runs)
     out.append("## Notes")
     out.append("")
     for text, n in sorted(notes.texts.items(), key=lambda kv: kv[1]):
@@ -360,11 +364,60 @@ def build(runs, kernels_only=False):
     return "\n".join(out)
 
 
+def costs(runs):
+    """The table of what each exchange costs on cuda:0, from the runs' cost records (the first
+    run that measured a pair counts)."""
+    found = {}
+    for run in runs:
+        for rec in run.get("costs", []):
+            key = (rec["producer"], rec["consumer"], rec["protocol"], rec["n"])
+            found.setdefault(key, rec)
+    if not found:
+        return []
+    sizes = sorted({k[3] for k in found})
+    protocols = [p for p in m.PROTOCOLS if any(k[2] == p for k in found)]
+    out = ["## What each exchange costs (cuda:0, float32)", ""]
+    out.append(
+        "The median time of one exchange, measured in the same run: the producer's handle "
+        "made, the consumer's import, the device work it queued (waited for), and the "
+        "consumer's array let go. *copy*: the consumer's array does not share the producer's "
+        "memory. –: the pair cannot exchange this way (the matrix above says why)."
+    )
+    out.append("")
+    head = [f"{proto}, 2^{n.bit_length() - 1}" for proto in protocols for n in sizes]
+    out.append("| producer → consumer | " + " | ".join(head) + " |")
+    out.append("|---" * (len(head) + 1) + "|")
+
+    def shown(rec):
+        if rec is None:
+            return "–"
+        us = rec["median_us"]
+        text = f"{us:.1f} µs" if us < 1000 else f"{us / 1000:.2f} ms"
+        return text + (" *copy*" if rec["copied"] else "")
+
+    for p in m.LIBRARIES:
+        for c in m.LIBRARIES:
+            row = [found.get((p, c, proto, n)) for proto in protocols for n in sizes]
+            if any(row):
+                out.append(f"| {p} → {c} | " + " | ".join(shown(r) for r in row) + " |")
+    out.append("")
+    return out
+
+
 def main(args):
     kernels_only = "--kernels" in args
+    out_dir = None
+    if "--out" in args:
+        at = args.index("--out")
+        out_dir = pathlib.Path(args[at + 1])
+        args = args[:at] + args[at + 2 :]
     paths = [a for a in args if a != "--kernels"]
     runs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
-    sys.stdout.write(build(runs, kernels_only))
+    if out_dir is None:
+        sys.stdout.write(build(runs, kernels_only))
+        return
+    (out_dir / "MATRIX.md").write_text(build(runs))
+    (out_dir / "MATRIX-kernels.md").write_text(build(runs, kernels_only=True))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ Every cell proves its claim or ends as one of:
 `--matrix-json PATH` writes every cell's outcome for matrix_report.py.
 """
 
+import gc
+import statistics
+import time
+import weakref
+
 import cubridge as cb
 import matrix_libs as m
 import numpy as np
@@ -121,11 +126,22 @@ def test_transfer(cell, request):
         index = C.device_index(got)
         assert index in (None, m.gpu_index(cell.device)), index
     # Ownership: the producer's objects go, and new arrays take their memory, before the read.
+    # A CUDA array interface carries no owner: the consumer must hold the object that exported
+    # it for as long as its array lives.
+    exporter = weakref.ref(h) if cell.protocol == "cai" and ref.size else None
     del x, h
+    if exporter is not None:
+        gc.collect()
+        steps.run(cell.consumer, "consumer", lambda: _holds(exporter, cell.consumer))
     reuse = P.scribble(base.nbytes, cell.device)
     host = steps.run(cell.consumer, "consumer", lambda: _read(C, got, ref))
     del reuse
     _check(host, ref)
+
+
+def _holds(exporter, consumer):
+    if exporter() is None:
+        raise m.NotKeptAlive(f"{consumer}'s array outlived the object that exported its memory")
 
 
 def _read(lib, got, ref):
@@ -338,3 +354,74 @@ def test_raw(cell, request):
     steps.run("cubridge", "consumer", lambda: kernel(4, 256, (x, y, np.int64(bx.size))))
     assert P.ptr(y) == before
     _check(P.read(y), (bx + bx).astype(bx.dtype))
+
+
+# What each exchange costs: for every producer, consumer and protocol on cuda:0 (float32, 2^10
+# and 2^24 elements), the median time of one exchange (the handle made, the consumer's import,
+# the device work it queued, the consumer's array let go), and whether the consumer copied. Recorded for matrix_report.py;
+# an exchange that the pair cannot make is skipped here (its cell says why).
+COST_SIZES = [1 << 10, 1 << 24]
+
+
+def _cost_params():
+    out = []
+    for p in m.LIBRARIES:
+        for c in m.LIBRARIES:
+            for proto in m.PROTOCOLS:
+                cell = m.Cell("transfer", "dtypes", p, c, proto, "float32", "contiguous", "cuda:0")
+                if m.why_not_applicable(cell):
+                    continue
+                for n in COST_SIZES:
+                    out.append(
+                        pytest.param(cell, n, id=f"{p}->{c}|{proto}|{n}", marks=[pytest.mark.cuda])
+                    )
+    return out
+
+
+def _median_seconds(fn, reps):
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@pytest.mark.parametrize(("cell", "n"), _cost_params())
+def test_exchange_cost(cell, n, request):
+    _skip_if_missing(cell, cell.producer, cell.consumer, "torch")
+    P, C = m.LIBS[cell.producer], m.LIBS[cell.consumer]
+    torch = m.LIBS["torch"].module
+    x = P.make(m.reference_base("float32", (n,)), cell.device)
+    ptr = P.ptr(x)
+
+    def exchange():
+        got = C.consume(m.handle(x, cell.protocol, cell.producer, cell.consumer), cell.protocol,
+                        cell.device)  # fmt: skip
+        torch.cuda.synchronize()
+        return got
+
+    try:
+        got = exchange()
+    except Exception as e:  # noqa: BLE001 - the cell of this pair says why it fails
+        pytest.skip(f"the exchange is refused: {type(e).__name__}: {str(e)[:120]}")
+    copied = C.ptr(got) != ptr
+    del got
+    reps = 200 if n <= 1 << 10 else 20
+    for _ in range(3):
+        exchange()
+    sync = _median_seconds(torch.cuda.synchronize, reps)
+    seconds = max(_median_seconds(exchange, reps) - sync, 0.0)
+    request.node.user_properties.append(
+        (
+            "cost",
+            {
+                "producer": cell.producer,
+                "consumer": cell.consumer,
+                "protocol": cell.protocol,
+                "n": n,
+                "median_us": round(seconds * 1e6, 2),
+                "copied": bool(copied),
+            },
+        )
+    )

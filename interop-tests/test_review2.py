@@ -13,7 +13,7 @@ import sys
 import cubridge as cb
 import numpy as np
 import pytest
-from conftest import _try_import, jnp, needs_jax, needs_torch, run_child, torch
+from conftest import _try_import, jax, needs_jax, needs_torch, run_child, torch
 
 cupy = _try_import("cupy")
 HAS_GPU = cb.cuda.is_available() and torch is not None and torch.cuda.is_available()
@@ -260,7 +260,8 @@ def test_tensors_that_require_grad_import_read_only():
 def test_jax_arrays_are_not_written():
     """out= wrote into JAX arrays, which are immutable, changing other JAX arrays that share the
     buffer. They are refused as out, and imported read-only."""
-    a = jnp.arange(4, dtype=jnp.float32)
+    cpu = jax.devices("cpu")[0]  # numpy reads it back below, wherever JAX runs by default
+    a = jax.device_put(np.arange(4, dtype=np.float32), cpu)
     b = a + 0  # JAX may share buffers between arrays like these
     with pytest.raises(ValueError, match="JAX array, which is immutable"):
         cb.add(np.ones(4, np.float32), 1.0, out=a)
@@ -276,6 +277,31 @@ def test_jax_arrays_are_not_written():
     np.testing.assert_array_equal(np.asarray(b), [0, 1, 2, 3])
     # Reading JAX arrays is what cubridge is for.
     np.testing.assert_array_equal(cb.add(a, b).to_numpy(), [0, 2, 4, 6])
+
+
+def _jax_gpu():
+    try:
+        return jax.devices("gpu")[0] if jax is not None else None
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_jax_device_arrays_are_not_written():
+    """The same for JAX arrays on the GPU, through DLPack and the CUDA array interface."""
+    gpu = _jax_gpu()
+    if gpu is None:
+        pytest.skip("jax has no GPU backend here")
+    a = jax.device_put(np.arange(4, dtype=np.float32), gpu)
+    with pytest.raises(ValueError, match="immutable"):
+        cb.add(torch.ones(4, device="cuda"), 1.0, out=a)
+    for imported in (cb.asarray(a), cb.from_dlpack(a)):
+        assert imported.readonly
+        with pytest.raises(ValueError, match="read-only"):
+            cb.add(imported, 1.0, out=imported)
+    np.testing.assert_array_equal(np.asarray(a), [0, 1, 2, 3])
+    np.testing.assert_array_equal(cb.add(a, a).to_numpy(), [0, 2, 4, 6])
 
 
 @pytest.mark.cuda
