@@ -677,6 +677,15 @@ LIMITS = [
         _proto_is("cai"),
     ),
     Limit(
+        "jax",
+        "jax",
+        "consumer",
+        ("JaxRuntimeError",),
+        "GetStreamFromExternalStream failed to find stream",
+        "jax.numpy.asarray refuses a CUDA array interface whose stream is not one of jax's own",
+        _proto_is("cai"),
+    ),
+    Limit(
         "torch",
         "torch",
         "consumer",

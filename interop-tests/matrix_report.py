@@ -375,13 +375,16 @@ def costs(runs):
     if not found:
         return []
     sizes = sorted({k[3] for k in found})
-    protocols = [p for p in m.PROTOCOLS if any(k[2] == p for k in found)]
+    protocols = [p for p in ("dlpack", "cai") if any(k[2] == p for k in found)]
     out = ["## What each exchange costs (cuda:0, float32)", ""]
     out.append(
-        "The median time of one exchange, measured in the same run: the producer's handle "
-        "made, the consumer's import, the device work it queued (waited for), and the "
-        "consumer's array let go. *copy*: the consumer's array does not share the producer's "
-        "memory. –: the pair cannot exchange this way (the matrix above says why)."
+        "The median time of one exchange of a producer's array, measured in the same run: "
+        "dlpack is `consumer.from_dlpack(x)` as users call it (the consumer asks for the "
+        "capsule it reads, or takes the producer's C exchange table where it reads one); cai "
+        "hands over only `__cuda_array_interface__`. The time covers the producer's export, "
+        "the consumer's import, the device work it queued (waited for) and the consumer's "
+        "array let go. *copy*: the consumer's array does not share the producer's memory. –: "
+        "the pair cannot exchange this way (the cells above say why)."
     )
     out.append("")
     head = [f"{proto}, 2^{n.bit_length() - 1}" for proto in protocols for n in sizes]

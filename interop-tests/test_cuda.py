@@ -188,6 +188,38 @@ def test_cai_version_2_and_bad_dicts():
             cb.asarray(Bad(**changes))
 
 
+def test_an_interface_without_a_stream_is_ordered_after_the_legacy_stream():
+    """JAX's CUDA array interface is version 2, without a stream, and JAX hands it over while its
+    write may still be queued on JAX's own streams (blocking ones, which the legacy default
+    stream waits for). A cubridge kernel on a non-blocking side stream must see the finished
+    values: cubridge orders its stream after the legacy default stream for such an interface."""
+    jax = _try_import("jax")
+    try:
+        gpu = jax.devices("gpu")[0] if jax is not None else None
+    except RuntimeError:
+        gpu = None
+    if gpu is None:
+        pytest.skip("jax has no GPU backend here")
+    jnp = jax.numpy
+    x = jax.device_put(np.ones(1 << 20, np.float32), gpu)
+
+    @jax.jit
+    def slow(a):  # about a thousand dependent kernels, then a known value
+        a = jax.lax.fori_loop(0, 1000, lambda i, v: jnp.sin(v) * 0.5 + 1.0, a)
+        return a * 0.0 + 3.0
+
+    slow(x).block_until_ready()
+    side = torch.cuda.Stream()
+    for _ in range(3):
+        y = slow(x)
+        assert not y.is_ready(), "jax finished before the hand-over: no race to lose"
+        cai = CAIOnly(y)
+        assert cai.__cuda_array_interface__["version"] == 2
+        z = cb.add(cai, 0.0, stream=side)
+        side.synchronize()
+        assert (torch.from_dlpack(z) == 3.0).all()
+
+
 @pytest.mark.parametrize("dtype", TORCH_CUDA)
 def test_add_torch_plus_cupy_into_torch_every_dtype(dtype):
     """The acceptance check: torch.from_dlpack(add(torch_a, cupy_b)) == a + b."""

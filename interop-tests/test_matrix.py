@@ -356,25 +356,35 @@ def test_raw(cell, request):
     _check(P.read(y), (bx + bx).astype(bx.dtype))
 
 
-# What each exchange costs: for every producer, consumer and protocol on cuda:0 (float32, 2^10
-# and 2^24 elements), the median time of one exchange (the handle made, the consumer's import,
-# the device work it queued, the consumer's array let go), and whether the consumer copied. Recorded for matrix_report.py;
-# an exchange that the pair cannot make is skipped here (its cell says why).
+# What each exchange costs: for every producer and consumer on cuda:0 (float32, 2^10 and 2^24
+# elements), by DLPack as users call it (`consumer.from_dlpack(x)`: the consumer asks for the
+# capsule it reads, or takes the producer's C exchange table where it reads one) and by the CUDA
+# array interface alone, the median time of one exchange (the consumer's import, the device work
+# it queued, the consumer's array let go) and whether the consumer copied. Recorded for
+# matrix_report.py; an exchange that the pair cannot make is skipped here (its cells say why).
 COST_SIZES = [1 << 10, 1 << 24]
+COST_PATHS = {
+    "dlpack": ("dlpack-legacy", "dlpack-versioned", "exchange-table"),
+    "cai": ("cai",),
+}
 
 
 def _cost_params():
     out = []
     for p in m.LIBRARIES:
         for c in m.LIBRARIES:
-            for proto in m.PROTOCOLS:
-                cell = m.Cell("transfer", "dtypes", p, c, proto, "float32", "contiguous", "cuda:0")
-                if m.why_not_applicable(cell):
+            for path, protocols in COST_PATHS.items():
+                cells = [
+                    m.Cell("transfer", "dtypes", p, c, proto, "float32", "contiguous", "cuda:0")
+                    for proto in protocols
+                ]
+                if all(m.why_not_applicable(cell) for cell in cells):
                     continue
                 for n in COST_SIZES:
                     out.append(
-                        pytest.param(cell, n, id=f"{p}->{c}|{proto}|{n}", marks=[pytest.mark.cuda])
-                    )
+                        pytest.param(cells[-1], path, n, id=f"{p}->{c}|{path}|{n}",
+                                     marks=[pytest.mark.cuda])
+                    )  # fmt: skip
     return out
 
 
@@ -387,8 +397,8 @@ def _median_seconds(fn, reps):
     return statistics.median(times)
 
 
-@pytest.mark.parametrize(("cell", "n"), _cost_params())
-def test_exchange_cost(cell, n, request):
+@pytest.mark.parametrize(("cell", "path", "n"), _cost_params())
+def test_exchange_cost(cell, path, n, request):
     _skip_if_missing(cell, cell.producer, cell.consumer, "torch")
     P, C = m.LIBS[cell.producer], m.LIBS[cell.consumer]
     torch = m.LIBS["torch"].module
@@ -396,19 +406,19 @@ def test_exchange_cost(cell, n, request):
     ptr = P.ptr(x)
 
     def exchange():
-        got = C.consume(m.handle(x, cell.protocol, cell.producer, cell.consumer), cell.protocol,
-                        cell.device)  # fmt: skip
+        h = m.CAIOnly(x) if path == "cai" else x
+        got = C.consume(h, path, cell.device)
         torch.cuda.synchronize()
         return got
 
     try:
         got = exchange()
-    except Exception as e:  # noqa: BLE001 - the cell of this pair says why it fails
+    except Exception as e:  # noqa: BLE001 - the pair's cells say why it fails
         pytest.skip(f"the exchange is refused: {type(e).__name__}: {str(e)[:120]}")
     copied = C.ptr(got) != ptr
     del got
-    reps = 200 if n <= 1 << 10 else 20
-    for _ in range(3):
+    reps = 300 if n <= 1 << 10 else 30
+    for _ in range(10):
         exchange()
     sync = _median_seconds(torch.cuda.synchronize, reps)
     seconds = max(_median_seconds(exchange, reps) - sync, 0.0)
@@ -418,7 +428,7 @@ def test_exchange_cost(cell, n, request):
             {
                 "producer": cell.producer,
                 "consumer": cell.consumer,
-                "protocol": cell.protocol,
+                "protocol": path,
                 "n": n,
                 "median_us": round(seconds * 1e6, 2),
                 "copied": bool(copied),

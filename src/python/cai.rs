@@ -143,8 +143,13 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: cs::Stream, use_: Use) -> PyResu
     let Device::Cuda(ordinal) = device else {
         return Err(bad(format!("{ptr:#x} is not CUDA device memory")));
     };
-    if let Some(p) = producer_stream {
-        cs::order(consumer, p, ordinal)?;
+    match producer_stream {
+        Some(p) => cs::order(consumer, p, ordinal)?,
+        // Before version 3 the interface has no stream, and producers hand over memory whose
+        // writes may still be queued (JAX's are, on its blocking streams, which the legacy
+        // default stream waits for): a consumer on another stream waits for that one.
+        None if version < 3 => cs::order(consumer, cs::LEGACY, ordinal)?,
+        None => {}
     }
     let descriptor = Descriptor {
         data: ptr,
