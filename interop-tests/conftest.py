@@ -34,6 +34,9 @@ torch = _try_import("torch")
 jax = _try_import("jax")
 if jax is not None:
     jax.config.update("jax_enable_x64", True)
+    # The suite's JAX arrays are host arrays unless a test places them elsewhere, also where
+    # JAX runs on a GPU by default (the matrix and the CUDA tests name their devices).
+    jax.config.update("jax_default_device", jax.devices("cpu")[0])
     jnp = importlib.import_module("jax.numpy")
 else:
     jnp = None

@@ -1243,7 +1243,8 @@ class Jax(Lib):
             with self.module.default_device(self.module.devices("cpu")[0]):
                 return jnp.asarray(h, copy=False)
         if protocol == "cai":
-            return jnp.asarray(h, copy=False)
+            with self.module.default_device(self._device(device)):
+                return jnp.asarray(h, copy=False)
         return jnp.from_dlpack(h)
 
 

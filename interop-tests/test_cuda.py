@@ -948,7 +948,7 @@ def test_allocation_beyond_free_memory_is_a_memory_error_and_nothing_breaks():
         cb.zeros((1 << 29,), dtype="float32", device="cuda")  # 2 GiB: beyond what is free
     del hog
     # The process keeps working: allocations, kernels and exports after the failures.
-    r = cb.add(cb.arange(1000, device="cuda"), torch.ones(1000, device="cuda"))
+    r = cb.add(cb.arange(1000, dtype="float32", device="cuda"), torch.ones(1000, device="cuda"))
     np.testing.assert_array_equal(torch.from_dlpack(r).cpu().numpy(), np.arange(1, 1001))
     del r
     assert abs(settled_free() - free) < (64 << 20)
