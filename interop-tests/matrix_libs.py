@@ -988,6 +988,11 @@ class Lib:
         """`make`, for an array whose work belongs to `stream` (numba keeps that per array)."""
         return self.make(base, device)
 
+    def default_stream(self, device):
+        """(stream, handle) of the legacy default stream as this library names it, or None for
+        a library that offers no stream to write on."""
+        return None
+
     def settle(self, device, stream, src):
         """Finishes one-time and deferred work before a timed window (see Cubridge.settle)."""
 
@@ -1038,6 +1043,20 @@ class Cubridge(Lib):
     def new_stream(self, device):
         s = cb.cuda.Stream(device)
         return s, s.ptr
+
+    class _Legacy:
+        """The legacy default stream, as a stream argument (`ptr` 0) that can be waited for."""
+
+        ptr = 0
+
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            cb.cuda.synchronize(self.device)
+
+    def default_stream(self, device):
+        return self._Legacy(device), 0
 
     _zeros = {}
 
@@ -1150,6 +1169,10 @@ class Torch(Lib):
         s = self.module.cuda.Stream(device=gpu_index(device))
         return s, s.cuda_stream
 
+    def default_stream(self, device):
+        s = self.module.cuda.default_stream(gpu_index(device))
+        return s, s.cuda_stream
+
     @contextlib.contextmanager
     def current(self, stream):
         with self.module.cuda.stream(stream):
@@ -1197,6 +1220,9 @@ class Cupy(Lib):
         with self.module.cuda.Device(gpu_index(device)):
             s = self.module.cuda.Stream(non_blocking=True)
         return s, s.ptr
+
+    def default_stream(self, device):
+        return self.module.cuda.Stream.null, 0
 
     @contextlib.contextmanager
     def current(self, stream):
@@ -1281,7 +1307,11 @@ class Numba(Lib):
         with self.module.gpus[gpu_index(device)]:
             s = self.module.stream()
         handle = s.handle
-        return s, int(getattr(handle, "value", handle))
+        return s, int(getattr(handle, "value", handle) or 0)
+
+    def default_stream(self, device):
+        with self.module.gpus[gpu_index(device)]:
+            return self.module.legacy_default_stream(), 0
 
     def make_on(self, base, device, stream):
         with self.module.gpus[gpu_index(device)]:

@@ -156,7 +156,10 @@ SLEEP_CYCLES = 200_000_000  # about 0.1 s of one SM's clock: long enough to lose
 
 def _sleep_on(stream_ptr, device):
     torch = m.LIBS["torch"].module
-    ext = torch.cuda.ExternalStream(stream_ptr, device=m.gpu_index(device))
+    if stream_ptr == 0:  # the legacy default stream
+        ext = torch.cuda.default_stream(m.gpu_index(device))
+    else:
+        ext = torch.cuda.ExternalStream(stream_ptr, device=m.gpu_index(device))
     with torch.cuda.stream(ext):
         torch.cuda._sleep(SLEEP_CYCLES)
     return ext
@@ -164,9 +167,10 @@ def _sleep_on(stream_ptr, device):
 
 @pytest.mark.parametrize("cell", _params("stream"))
 def test_stream(cell, request):
-    """Default: written on the default stream, handed over at once. Side: written on a
-    non-default stream behind a long kernel, handed over while that kernel still runs; the
-    consumer must see the written values. None: exported with stream=-1 (no ordering) while the
+    """Default: written on the legacy default stream behind a long kernel, handed over while
+    that kernel still runs (a producer without streams, jax, makes its array and hands it over
+    at once). Side: the same on a non-default stream. In both the consumer must see the written
+    values. None: exported with stream=-1 (no ordering) while the
     kernel runs; the export must not wait for it, and after the user synchronizes the producer's
     stream the consumer sees the values."""
     _skip_if_missing(cell, cell.producer, cell.consumer, "torch")
@@ -183,14 +187,15 @@ def test_stream(cell, request):
             return m.CAIOnly(x)
         return m.VersionedOnly(x)
 
-    if cell.stream == "default":
+    default = P.default_stream(dev) if cell.stream == "default" else None
+    if cell.stream == "default" and default is None:
         x = steps.run(cell.producer, "producer", lambda: P.make(ref, dev))
         h = steps.run(cell.producer, "producer", lambda: hand_over(x))
         got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, dev), h)
         _check(C.read(got), ref)
         return
 
-    stream, ptr = P.new_stream(dev)
+    stream, ptr = default or P.new_stream(dev)
     x = steps.run(
         cell.producer, "producer", lambda: P.make_on(np.full_like(ref, -7.0), dev, stream)
     )
@@ -201,7 +206,7 @@ def test_stream(cell, request):
         ext = _sleep_on(ptr, dev)
         P.write(x, src, stream)
         assert not ext.query(), "the side stream finished before the hand-over: no race to lose"
-        if cell.stream == "side":
+        if cell.stream in ("default", "side"):
             h = steps.run(cell.producer, "producer", lambda: hand_over(x))
             got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, dev), h)
             host = steps.run(cell.consumer, "consumer", lambda: _read_after(C, got, ref))
