@@ -97,6 +97,10 @@ def test_transfer(cell, request):
         return x, P.ptr(x), m.handle(x, cell.protocol, cell.producer, cell.consumer)
 
     x, ptr, h = steps.run(cell.producer, "producer", produce)
+    if cell.device != "cpu" and m.LIBS["torch"].module is not None:
+        # The producer's work is done before the hand-over (jax's and torch's run on after
+        # their calls return): ordering against pending work is the stream cells' claim.
+        m.LIBS["torch"].module.cuda.synchronize(m.gpu_index(cell.device))
 
     def consume(h=h):
         if (
