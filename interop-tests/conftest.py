@@ -173,7 +173,7 @@ _COSTS = {}
 
 def pytest_sessionfinish(session):
     path = session.config.getoption("--matrix-json")
-    if not path or not _MATRIX or hasattr(session.config, "workerinput"):
+    if not path or not (_MATRIX or _COSTS) or hasattr(session.config, "workerinput"):
         return  # (a pytest-xdist worker: its controller writes the file)
     import json
 

@@ -378,7 +378,8 @@ def costs(runs):
     protocols = [p for p in ("dlpack", "cai") if any(k[2] == p for k in found)]
     out = ["## What each exchange costs (cuda:0, float32)", ""]
     out.append(
-        "The median time of one exchange of a producer's array, measured in the same run: "
+        "The median time of one exchange of a producer's array, measured in the same run, in "
+        "one process alone on the machine: "
         "dlpack is `consumer.from_dlpack(x)` as users call it (the consumer asks for the "
         "capsule it reads, or takes the producer's C exchange table where it reads one); cai "
         "hands over only `__cuda_array_interface__`. The time covers the producer's export, "
