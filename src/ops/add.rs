@@ -317,6 +317,18 @@ mod tests {
     use crate::cpu::element::Scalar;
     use crate::ops::{arange, full};
 
+    /// `[0, 1, ..., n - 1]` on the host.
+    fn range(n: i128, dtype: DType) -> Array {
+        arange(
+            Scalar::Int(0),
+            Scalar::Int(n),
+            Scalar::Int(1),
+            dtype,
+            Device::Cpu,
+        )
+        .unwrap()
+    }
+
     fn values(a: &Array) -> Vec<Scalar> {
         (0..a.numel() as isize)
             // SAFETY: contiguous results; i < numel.
@@ -326,14 +338,7 @@ mod tests {
 
     #[test]
     fn broadcast_add_with_promotion() {
-        let a = arange(
-            Scalar::Int(0),
-            Scalar::Int(6),
-            Scalar::Int(1),
-            DType::Int8,
-            Device::Cpu,
-        )
-        .unwrap();
+        let a = range(6, DType::Int8);
         let a = unsafe_reshape(&a, &[2, 3]);
         let b = full(&[3], Scalar::Int(100), DType::Int32, Device::Cpu).unwrap();
         let r = add(&a, &b, None, None).unwrap();
@@ -345,14 +350,7 @@ mod tests {
 
     #[test]
     fn interleaved_views_do_not_overlap() {
-        let x = arange(
-            Scalar::Int(0),
-            Scalar::Int(8),
-            Scalar::Int(1),
-            DType::Float32,
-            Device::Cpu,
-        )
-        .unwrap();
+        let x = range(8, DType::Float32);
         let even = x.as_strided(&[4], &[2], 0).unwrap();
         let odd = x.as_strided(&[4], &[2], 1).unwrap();
         assert!(elements_disjoint(&even, &odd) && elements_disjoint(&odd, &even));
@@ -372,14 +370,7 @@ mod tests {
 
     #[test]
     fn in_place_is_allowed_and_partial_overlap_is_not() {
-        let a = arange(
-            Scalar::Int(0),
-            Scalar::Int(4),
-            Scalar::Int(1),
-            DType::Float32,
-            Device::Cpu,
-        )
-        .unwrap();
+        let a = range(4, DType::Float32);
         let one = full(&[], Scalar::Float(1.0), DType::Float32, Device::Cpu).unwrap();
         add(&a, &one, Some(&a), None).unwrap();
         assert_eq!(
@@ -387,14 +378,7 @@ mod tests {
             (1..5).map(|v| Scalar::Float(v as f64)).collect::<Vec<_>>()
         );
         // out = a shifted by one element.
-        let a6 = arange(
-            Scalar::Int(0),
-            Scalar::Int(6),
-            Scalar::Int(1),
-            DType::Float32,
-            Device::Cpu,
-        )
-        .unwrap();
+        let a6 = range(6, DType::Float32);
         let shifted = crate::layout::Layout::new(vec![4], vec![1], 4).unwrap();
         // SAFETY: elements 1..5 of a 6-element buffer.
         let view = unsafe {

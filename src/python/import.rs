@@ -368,9 +368,12 @@ fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
     let grad = ty
         .hasattr(pyo3::intern!(py, "requires_grad"))
         .unwrap_or(false);
-    let immutable = ty
-        .module()
-        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "jax" || m.starts_with("jax")));
+    // jax.Array's implementation lives in jaxlib (`jaxlib._jax.ArrayImpl`; older jaxlibs call
+    // the module `jaxlib.xla_extension`).
+    let immutable = ty.module().is_ok_and(|m| {
+        m.to_str()
+            .is_ok_and(|m| m == "jax" || m.starts_with("jax.") || m.starts_with("jaxlib"))
+    });
     let numpy_scalar = numpy_generic(py)
         .ok()
         .flatten()
