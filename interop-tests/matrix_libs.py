@@ -642,6 +642,17 @@ LIMITS = [
     Limit(
         "jax",
         "jax",
+        "producer",
+        ("NoStream",),
+        "",
+        "jax's CUDA array interface (version 2) has no stream, and jax writes asynchronously "
+        "(a device_put's copy may still run): no consumer can order after it; take jax arrays "
+        "by DLPack, which orders them",
+        _proto_is("cai"),
+    ),
+    Limit(
+        "jax",
+        "jax",
         "consumer",
         ("TypeError",),
         r"unsupported device type \(DLDeviceType: (3|13)",

@@ -146,8 +146,10 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: cs::Stream, use_: Use) -> PyResu
     match producer_stream {
         Some(p) => cs::order(consumer, p, ordinal)?,
         // Before version 3 the interface has no stream, and producers hand over memory whose
-        // writes may still be queued (JAX's are, on its blocking streams, which the legacy
-        // default stream waits for): a consumer on another stream waits for that one.
+        // writes may still be queued: torch's on the legacy default stream, JAX's computations
+        // on its blocking streams, which the legacy default stream waits for. A consumer on
+        // another stream waits for that one. (What a producer queues on a non-blocking stream
+        // it does not name, as JAX's host-to-device copies, no consumer can order after.)
         None if version < 3 => cs::order(consumer, cs::LEGACY, ordinal)?,
         None => {}
     }
