@@ -23,10 +23,10 @@ const HEADER: usize = 8 + 4 + 4 + 4 + 4 + 16 + 8 + 8;
 
 /// What an entry is made for: the program's key ([`super::nvrtc::key`]), the device
 /// architecture, and the NVRTC version that compiled it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry<'a> {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
     /// The program's key: 16 hex digits.
-    pub key: &'a str,
+    pub key: String,
     /// Compute capability as a number (90 for 9.0).
     pub arch: u32,
     /// NVRTC's (major, minor) version.
@@ -43,7 +43,7 @@ fn dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("cubridge"))
 }
 
-impl Entry<'_> {
+impl Entry {
     fn file_name(&self) -> String {
         let (major, minor) = self.nvrtc;
         format!("{}.nvrtc{major}.{minor}.{}.bin", self.key, self.arch)
@@ -198,13 +198,15 @@ fn checksum(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
 
-    const ENTRY: Entry<'static> = Entry {
-        key: "0123456789abcdef",
-        arch: 90,
-        nvrtc: (12, 9),
-    };
+    fn entry() -> Entry {
+        Entry {
+            key: "0123456789abcdef".into(),
+            arch: 90,
+            nvrtc: (12, 9),
+        }
+    }
 
-    fn file(entry: &Entry<'_>, image: &[u8]) -> Vec<u8> {
+    fn file(entry: &Entry, image: &[u8]) -> Vec<u8> {
         let mut f = entry.header(image).to_vec();
         f.extend_from_slice(image);
         f
@@ -213,55 +215,53 @@ mod tests {
     #[test]
     fn an_intact_entry_gives_its_image_and_damage_is_named() {
         let image: Vec<u8> = (0..1000u32).map(|x| (x * 7) as u8).collect();
-        let good = file(&ENTRY, &image);
-        assert_eq!(ENTRY.check(&good), Ok(&image[..]));
+        let e = entry();
+        let good = file(&e, &image);
+        assert_eq!(e.check(&good), Ok(&image[..]));
 
-        assert_eq!(ENTRY.check(&[]), Err("empty"));
-        assert_eq!(
-            ENTRY.check(&good[..HEADER - 1]),
-            Err("shorter than its header")
-        );
-        assert_eq!(
-            ENTRY.check(&good[..good.len() - 1]),
-            Err("truncated or padded")
-        );
+        assert_eq!(e.check(&[]), Err("empty"));
+        assert_eq!(e.check(&good[..HEADER - 1]), Err("shorter than its header"));
+        assert_eq!(e.check(&good[..good.len() - 1]), Err("truncated or padded"));
         let mut padded = good.clone();
         padded.push(0);
-        assert_eq!(ENTRY.check(&padded), Err("truncated or padded"));
+        assert_eq!(e.check(&padded), Err("truncated or padded"));
         assert_eq!(
-            ENTRY.check(&vec![0u8; good.len()]),
+            e.check(&vec![0u8; good.len()]),
             Err("not a cubridge kernel entry")
         );
         let mut flipped = good.clone();
         flipped[HEADER + 500] ^= 1;
-        assert_eq!(ENTRY.check(&flipped), Err("its checksum does not match"));
+        assert_eq!(e.check(&flipped), Err("its checksum does not match"));
         // An intact entry of another architecture, NVRTC or program, renamed into place.
         for other in [
-            Entry { arch: 80, ..ENTRY },
             Entry {
-                nvrtc: (13, 0),
-                ..ENTRY
+                arch: 80,
+                ..entry()
             },
             Entry {
-                key: "fedcba9876543210",
-                ..ENTRY
+                nvrtc: (13, 0),
+                ..entry()
+            },
+            Entry {
+                key: "fedcba9876543210".into(),
+                ..entry()
             },
         ] {
             assert_eq!(
-                ENTRY.check(&file(&other, &image)),
+                e.check(&file(&other, &image)),
                 Err("made for another program, architecture or NVRTC")
             );
         }
-        assert_eq!(ENTRY.check(&file(&ENTRY, &[])), Err("empty image"));
+        assert_eq!(e.check(&file(&e, &[])), Err("empty image"));
     }
 
     #[test]
     fn entries_of_other_nvrtc_versions_have_other_names() {
         let other = Entry {
             nvrtc: (13, 0),
-            ..ENTRY
+            ..entry()
         };
-        assert_ne!(ENTRY.file_name(), other.file_name());
-        assert_eq!(ENTRY.file_name(), "0123456789abcdef.nvrtc12.9.90.bin");
+        assert_ne!(entry().file_name(), other.file_name());
+        assert_eq!(entry().file_name(), "0123456789abcdef.nvrtc12.9.90.bin");
     }
 }

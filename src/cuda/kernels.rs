@@ -178,9 +178,9 @@ fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     let shipped = super::shipped::find(&nvrtc::key(source, options), arch);
     let cached = || {
         let entry = nvrtc::cache_entry(source, options, arch)?;
-        let image = entry.entry().read()?;
+        let image = entry.read()?;
         load_image(&image)
-            .inspect_err(|e| entry.entry().discard(&e.to_string()))
+            .inspect_err(|e| entry.discard(&e.to_string()))
             .ok()
     };
     let loaded = match shipped.map(load_image) {

@@ -3,6 +3,7 @@
 //! not know the device), which [`super::disk_cache`] keeps for later processes.
 //! `CUBRIDGE_NVRTC=0` switches run-time compilation off.
 
+use super::disk_cache::Entry;
 use crate::error::{Error, Result};
 use cudarc::nvrtc::{result, sys};
 use std::ffi::CString;
@@ -205,28 +206,10 @@ fn target_for(arch: u32) -> Result<Target> {
 /// The disk cache's entry for `source` and `extra` options on a device of compute capability
 /// `arch`, for the NVRTC found (the newest entry of any NVRTC when none can be loaded: nothing
 /// could compile it then, and the driver still checks what it loads).
-pub fn cache_entry(source: &str, extra: &[String], arch: u32) -> Option<CacheEntry> {
+pub fn cache_entry(source: &str, extra: &[String], arch: u32) -> Option<Entry> {
     let key = key(source, extra);
     let nvrtc = version().or_else(|| super::disk_cache::any_version(&key, arch))?;
-    Some(CacheEntry { key, arch, nvrtc })
-}
-
-/// A disk-cache entry's identity, owned (see [`super::disk_cache::Entry`]).
-pub struct CacheEntry {
-    key: String,
-    arch: u32,
-    nvrtc: (i32, i32),
-}
-
-impl CacheEntry {
-    /// The borrowed form the disk cache takes.
-    pub fn entry(&self) -> super::disk_cache::Entry<'_> {
-        super::disk_cache::Entry {
-            key: &self.key,
-            arch: self.arch,
-            nvrtc: self.nvrtc,
-        }
-    }
+    Some(Entry { key, arch, nvrtc })
 }
 
 /// Compiled code for `source` on a device of compute capability `arch` (e.g. 90), ready for
@@ -248,8 +231,8 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
         });
     }
     let image = compile_for(source, name, target_for(arch)?, extra)?;
-    if let Some(cached) = cache_entry(source, extra, arch) {
-        cached.entry().write(&image);
+    if let Some(entry) = cache_entry(source, extra, arch) {
+        entry.write(&image);
     }
     Ok(image)
 }

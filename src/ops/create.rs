@@ -56,64 +56,77 @@ pub fn arange(
         Scalar::Bool(b) => Some(i128::from(b)),
         _ => None,
     };
-    let (n, value): (usize, Box<dyn Fn(usize) -> Scalar>) = match (int(start), int(stop), int(step))
-    {
-        (Some(a), Some(b), Some(s)) => {
-            if s == 0 {
-                return Err(Error::invalid("arange needs a non-zero step"));
-            }
-            // ceil((b - a) / s), exactly.
-            let (span, s_abs) = if s > 0 { (b - a, s) } else { (a - b, -s) };
-            let count = if span <= 0 {
-                0
-            } else {
-                (span + s_abs - 1) / s_abs
-            };
-            let n = length(count as f64, || format!("arange({a}, {b}, {s})"))?;
-            if n > 0 {
-                check_value_kind(Scalar::Int(a), dtype, "arange")?;
-                check_value_kind(Scalar::Int(a + (n as i128 - 1) * s), dtype, "arange")?;
-            }
-            (n, Box::new(move |i| Scalar::Int(a + i as i128 * s)))
-        }
-        _ => {
-            let real = |v: Scalar| match v {
-                Scalar::Bool(b) => Ok(f64::from(u8::from(b))),
-                Scalar::Int(i) => Ok(i as f64),
-                Scalar::Float(f) => Ok(f),
-                Scalar::Complex(..) => Err(Error::DTypeMismatch {
-                    op: "arange",
-                    left: dtype.name().into(),
-                    right: "a complex bound".into(),
-                }),
-            };
-            let (a, b, s) = (real(start)?, real(stop)?, real(step)?);
-            if s == 0.0 || !s.is_finite() || !a.is_finite() || !b.is_finite() {
-                return Err(Error::invalid(format!(
-                    "arange needs finite start, stop and a non-zero step, got {a}, {b}, {s}"
-                )));
-            }
-            // Debug formatting keeps exponents: Display would print 1e-300 as 300 digits.
-            let n = length(((b - a) / s).ceil().max(0.0), || {
-                format!("arange({a:?}, {b:?}, {s:?})")
-            })?;
-            let kind = dtype.kind();
-            (
-                n,
-                Box::new(move |i| {
-                    let v = a + i as f64 * s;
-                    match kind {
-                        Kind::Float | Kind::Complex => Scalar::Float(v),
-                        _ => Scalar::Int(v as i128),
-                    }
-                }),
-            )
-        }
+    match (int(start), int(stop), int(step)) {
+        (Some(a), Some(b), Some(s)) => integer_range(a, b, s, dtype, device),
+        _ => float_range([start, stop, step], dtype, device),
+    }
+}
+
+/// An integer range, counted and filled exactly.
+fn integer_range(a: i128, b: i128, s: i128, dtype: DType, device: Device) -> Result<Array> {
+    if s == 0 {
+        return Err(Error::invalid("arange needs a non-zero step"));
+    }
+    // ceil((b - a) / s), exactly.
+    let (span, s_abs) = if s > 0 { (b - a, s) } else { (a - b, -s) };
+    let count = if span <= 0 {
+        0
+    } else {
+        (span + s_abs - 1) / s_abs
     };
+    let n = length(count as f64, || format!("arange({a}, {b}, {s})"))?;
+    if n > 0 {
+        check_value_kind(Scalar::Int(a), dtype, "arange")?;
+        check_value_kind(Scalar::Int(a + (n as i128 - 1) * s), dtype, "arange")?;
+    }
+    filled(n, dtype, device, |i| Scalar::Int(a + i as i128 * s))
+}
+
+/// A range with a float among its bounds and step (`[start, stop, step]`), in float64.
+fn float_range(bounds: [Scalar; 3], dtype: DType, device: Device) -> Result<Array> {
+    let real = |v: Scalar| match v {
+        Scalar::Bool(b) => Ok(f64::from(u8::from(b))),
+        Scalar::Int(i) => Ok(i as f64),
+        Scalar::Float(f) => Ok(f),
+        Scalar::Complex(..) => Err(Error::DTypeMismatch {
+            op: "arange",
+            left: dtype.name().into(),
+            right: "a complex bound".into(),
+        }),
+    };
+    let [a, b, s] = [real(bounds[0])?, real(bounds[1])?, real(bounds[2])?];
+    if s == 0.0 || !s.is_finite() || !a.is_finite() || !b.is_finite() {
+        return Err(Error::invalid(format!(
+            "arange needs finite start, stop and a non-zero step, got {a}, {b}, {s}"
+        )));
+    }
+    // Debug formatting keeps exponents: Display would print 1e-300 as 300 digits.
+    let n = length(((b - a) / s).ceil().max(0.0), || {
+        format!("arange({a:?}, {b:?}, {s:?})")
+    })?;
+    let floating = matches!(dtype.kind(), Kind::Float | Kind::Complex);
+    filled(n, dtype, device, |i| {
+        let v = a + i as f64 * s;
+        if floating {
+            Scalar::Float(v)
+        } else {
+            Scalar::Int(v as i128)
+        }
+    })
+}
+
+/// A new 1-d array of `n` elements of `dtype` on the host `device`, element `i` being
+/// `value(i)`.
+fn filled(
+    n: usize,
+    dtype: DType,
+    device: Device,
+    value: impl Fn(usize) -> Scalar,
+) -> Result<Array> {
     let out = Array::empty(&[n], dtype, device)?;
     let size = dtype.itemsize();
     for i in 0..n {
-        // SAFETY: element i of the fresh contiguous allocation of n elements.
+        // SAFETY: element i of the fresh contiguous host-accessible allocation of n elements.
         unsafe { fill(dtype, out.data_ptr().add(i * size), 1, value(i)) };
     }
     Ok(out)

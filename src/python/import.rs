@@ -102,8 +102,9 @@ pub fn write_refusal(obj: &Bound<'_, PyAny>, what: &str) -> Option<PyErr> {
     })
 }
 
-/// The dtype of a numpy scalar, or TypeError for a dtype cubridge does not have (its bytes
-/// would otherwise come in through the buffer protocol as uint8).
+/// The dtype of a numpy scalar, read from its typestr (`'<f4'`: numpy computes `dtype.name` in
+/// Python, `dtype.str` in C), or TypeError for a dtype cubridge does not have (its bytes would
+/// otherwise come in through the buffer protocol as uint8).
 fn numpy_scalar_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     let dtype = obj.getattr(pyo3::intern!(obj.py(), "dtype"))?;
     let typestr = dtype.getattr(pyo3::intern!(obj.py(), "str"))?;
@@ -279,7 +280,8 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
     if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
         return None;
     }
-    if exchange_table(obj) != Table::Usable {
+    let facts = type_facts(obj);
+    if facts.table != Table::Usable {
         return None;
     }
     let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
@@ -289,7 +291,7 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
         .into_parts();
     let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
     let array = from_managed(managed).ok()?;
-    let array = if forbids_writes(obj, type_facts(obj)) {
+    let array = if forbids_writes(obj, facts) {
         array.with_readonly(true)
     } else {
         array
@@ -790,10 +792,14 @@ pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DT
     if !obj.is_instance(generic)? {
         return Ok(None);
     }
-    // The typestr ('<f4'): numpy computes `dtype.name` in Python, `dtype.str` in C. A dtype
-    // cubridge has not is a TypeError (a datetime64 is no array of its bytes).
+    numpy_value(obj)
+}
+
+/// A numpy scalar's (or 0-d array's) value and dtype; TypeError for a dtype cubridge has not
+/// (a datetime64 is no array of its bytes).
+fn numpy_value(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DType)>> {
     let dtype = numpy_scalar_dtype(obj)?;
-    let value = python_scalar(&obj.call_method0(pyo3::intern!(py, "item"))?)?;
+    let value = python_scalar(&obj.call_method0(pyo3::intern!(obj.py(), "item"))?)?;
     Ok(value.map(|v| (v, dtype)))
 }
 
@@ -833,9 +839,7 @@ fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Element>> {
     {
         return Ok(None);
     }
-    let dtype = numpy_scalar_dtype(obj)?;
-    let value = python_scalar(&obj.call_method0(pyo3::intern!(py, "item"))?)?;
-    Ok(value.map(|v| (v, Some(dtype))))
+    Ok(numpy_value(obj)?.map(|(v, d)| (v, Some(d))))
 }
 
 fn flatten(
