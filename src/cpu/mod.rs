@@ -42,6 +42,14 @@ pub fn for_each_run<const N: usize>(
     if inner == 0 || start >= end {
         return;
     }
+    if ndim == 1 {
+        // One run (the common case: operands that coalesce to one dimension).
+        f(
+            std::array::from_fn(|k| start as isize * plan.strides[k][0]),
+            end - start,
+        );
+        return;
+    }
     // Multi-index of `start`.
     let mut index = vec![0usize; ndim];
     let mut rem = start;

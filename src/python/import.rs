@@ -120,10 +120,16 @@ fn numpy_scalar_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
 /// [`import`] without the read-only rule.
 fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     if is_numpy_ndarray(obj) {
-        // numpy's own arrays (host memory, never a copy) through the buffer protocol: a third
-        // of the cost of its __dlpack__ (a capsule, a managed tensor and a deleter per call).
-        // Whatever the buffer cannot describe (bfloat16, byte-swapped or structured dtypes)
-        // takes the DLPack path below, with its own answer.
+        // numpy's own arrays (host memory, never a copy) read from numpy's array object, else
+        // through the buffer protocol: either costs a fraction of its __dlpack__ (a capsule, a
+        // managed tensor and a deleter per call). Whatever neither describes (bfloat16,
+        // byte-swapped or structured dtypes) takes the DLPack path below, with its own answer.
+        if let Some(array) = super::ndarray::import(obj) {
+            return Ok(Imported {
+                array,
+                copied: false,
+            });
+        }
         if let Ok(Some(array)) = buffer::import(obj) {
             return Ok(Imported {
                 array,
@@ -188,6 +194,16 @@ fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
          __cuda_array_interface__ or the buffer protocol",
         obj.get_type().name()?
     )))
+}
+
+/// A view of `obj` if it is exactly a `numpy.ndarray` that numpy's array object describes (see
+/// [`super::ndarray`]); `None` for anything else, which [`import`] answers.
+pub fn numpy_view(obj: &Bound<'_, PyAny>) -> Option<Array> {
+    if is_numpy_ndarray(obj) {
+        super::ndarray::import(obj)
+    } else {
+        None
+    }
 }
 
 /// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise).
@@ -273,8 +289,10 @@ pub struct Exchanged {
 
 /// `obj` through the C exchange table, when its type publishes one (PyTorch); `None` for
 /// anything else, and for a table export that fails, so that [`import`] gives the answer (its
-/// fallbacks, or its error).
-pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
+/// fallbacks, or its error). For [`Use::Immediate`] (a kernel's operand) the producer lends a
+/// non-owning description of its tensor and the array holds the Python object instead of an
+/// owning export; a producer that cannot lend is asked for the owning export.
+pub fn exchanged(obj: &Bound<'_, PyAny>, use_: Use) -> Option<Exchanged> {
     // cubridge's arrays need no table, and numpy's come in through the buffer protocol (host
     // memory, no stream), which costs less than any table lookup.
     if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
@@ -285,12 +303,21 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
         return None;
     }
     let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
-    let (managed, stream) = api
-        .import_managed_no_sync(obj.as_borrowed())
-        .ok()?
-        .into_parts();
-    let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
-    let array = from_managed(managed).ok()?;
+    let lent = match use_ {
+        Use::Immediate => lent_view(&api, obj),
+        Use::Kept => None,
+    };
+    let (array, copied, stream) = match lent {
+        Some((array, stream)) => (array, false, stream),
+        None => {
+            let (managed, stream) = api
+                .import_managed_no_sync(obj.as_borrowed())
+                .ok()?
+                .into_parts();
+            let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
+            (from_managed(managed).ok()?, copied, stream)
+        }
+    };
     let array = if forbids_writes(obj, facts) {
         array.with_readonly(true)
     } else {
@@ -307,6 +334,48 @@ pub fn exchanged(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
     Some(Exchanged {
         imported: Imported { array, copied },
         stream,
+    })
+}
+
+/// A view of `obj`'s memory through the table's `dltensor_from_py_object_no_sync` (a
+/// description the producer fills on the caller's stack, no allocation and no deleter), holding
+/// `obj` itself, with the producer's current work stream; `None` where the producer cannot lend
+/// one or its description is refused.
+fn lent_view(api: &ExchangeApi, obj: &Bound<'_, PyAny>) -> Option<(Array, *mut std::ffi::c_void)> {
+    let viewed = api.with_tensor_view_no_sync(obj.as_borrowed(), |t, stream| {
+        let checked = crate::view::check(&lent_descriptor(t)?)?;
+        // SAFETY: DLPack's contract for a lent tensor: its memory is the object's while the
+        // object lives, and the view holds a strong reference to the object.
+        let array = unsafe { checked.into_array(Box::new(super::cai::Holder::new(obj))) };
+        Ok::<_, Error>((array, stream))
+    });
+    viewed.ok()?.ok()
+}
+
+/// The descriptor of a lent `DLTensor`, whose shape and strides the producer owns until control
+/// returns to it.
+fn lent_descriptor(t: &dlpark::ffi::DLTensor) -> Result<crate::view::Descriptor<'_>, Error> {
+    let ndim = usize::try_from(t.ndim)
+        .ok()
+        .filter(|&n| n <= crate::layout::MAX_NDIM)
+        .ok_or_else(|| Error::invalid(format!("DLPack ndim {} is out of range", t.ndim)))?;
+    let slice = |p: *mut i64| -> Option<&[i64]> {
+        // SAFETY: a DLTensor's non-NULL shape and strides hold `ndim` entries, valid until
+        // control returns to the producer, which outlasts the descriptor's use.
+        (!p.is_null() && ndim > 0).then(|| unsafe { std::slice::from_raw_parts(p, ndim) })
+    };
+    if ndim > 0 && t.shape.is_null() {
+        return Err(Error::invalid("DLPack tensor has dimensions but no shape"));
+    }
+    Ok(crate::view::Descriptor {
+        data: t.data as usize,
+        byte_offset: t.byte_offset,
+        shape: slice(t.shape).unwrap_or(&[]),
+        strides: slice(t.strides),
+        dtype: DType::from_dlpack(t.dtype)?,
+        device: Device::from_dlpack(t.device)?,
+        readonly: false,
+        len_bytes: None,
     })
 }
 
@@ -785,6 +854,9 @@ pub fn infer_dtype(values: &[Element]) -> Result<DType, Error> {
 /// attributes (cheaper than importing it as an array); `None` for anything else, and for
 /// dtypes cubridge does not have.
 pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DType)>> {
+    if let Some(known) = super::ndarray::builtin_scalar(obj) {
+        return Ok(Some(known));
+    }
     let py = obj.py();
     let Some(generic) = numpy_generic(py)? else {
         return Ok(None);
@@ -792,7 +864,11 @@ pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DT
     if !obj.is_instance(generic)? {
         return Ok(None);
     }
-    numpy_value(obj)
+    let value = numpy_value(obj)?;
+    if let Some((_, dtype)) = value {
+        super::ndarray::learn_scalar(obj, dtype);
+    }
+    Ok(value)
 }
 
 /// A numpy scalar's (or 0-d array's) value and dtype; TypeError for a dtype cubridge has not

@@ -15,6 +15,7 @@ mod extension;
 mod functions;
 mod import;
 mod kernels;
+mod ndarray;
 pub mod operands;
 mod stream;
 mod types;

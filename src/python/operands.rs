@@ -2,7 +2,9 @@
 //! scalars, and the stream the kernel runs on. Shared by users' kernels and by extension crates
 //! (the public [`AnyArray`]).
 
-use super::import::{exchanged, import, python_scalar, type_name, typed_numpy_scalar, Exchanged};
+use super::import::{
+    exchanged, import, numpy_view, python_scalar, type_name, typed_numpy_scalar, Exchanged,
+};
 use super::stream::Use;
 use super::types::PyArray;
 use crate::array::Array;
@@ -155,7 +157,15 @@ pub(crate) fn take_arrays(
         }
     }
     for (k, obj) in objs.iter().enumerate() {
-        let Some(e) = obj.and_then(exchanged) else {
+        let Some(obj) = obj else {
+            continue;
+        };
+        // numpy's arrays (host memory, no stream, never a copy) are read directly.
+        if let Some(array) = numpy_view(obj) {
+            arrays[k] = Some(array);
+            continue;
+        }
+        let Some(e) = exchanged(obj, Use::Immediate) else {
             continue;
         };
         let Exchanged { imported, stream } = e;
@@ -233,7 +243,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for AnyArray {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<AnyArray> {
         let obj = obj.to_owned();
-        if let Some(e) = exchanged(&obj) {
+        if let Some(e) = exchanged(&obj, Use::Kept) {
             // The table hands over its stream instead of ordering: an event there stands for
             // the producer's pending work.
             let array = match (e.stream, e.imported.array.device()) {

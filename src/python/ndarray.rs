@@ -1,0 +1,163 @@
+//! numpy's own arrays, read from numpy's array object as numpy's C macros read it
+//! (`PyArray_DATA`, `PyArray_NDIM`, `PyArray_DIMS`, `PyArray_STRIDES`, `PyArray_DESCR`,
+//! `PyArray_FLAGS`): no buffer-protocol request, no format string to parse, no `Py_buffer` to
+//! hold and release; and numpy's scalars, read as `PyArrayScalar_VAL` reads them. The fields
+//! read here have the same place in numpy 1.x and 2.x.
+
+use super::cai::Holder;
+use crate::array::Array;
+use crate::cpu::copy::read_scalar;
+use crate::cpu::element::Scalar;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::view::{check, Descriptor};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use std::ffi::{c_char, c_int};
+
+/// The head of numpy's `PyArrayObject_fields`.
+#[repr(C)]
+struct ArrayFields {
+    ob_base: ffi::PyObject,
+    data: *mut c_char,
+    nd: c_int,
+    dimensions: *const isize,
+    strides: *const isize,
+    base: *mut ffi::PyObject,
+    descr: *const DescrFields,
+    flags: c_int,
+}
+
+/// The head of numpy's `PyArray_Descr`.
+#[repr(C)]
+struct DescrFields {
+    ob_base: ffi::PyObject,
+    typeobj: *mut ffi::PyObject,
+    kind: c_char,
+    type_char: c_char,
+    byteorder: c_char,
+    former_flags: c_char,
+    type_num: c_int,
+}
+
+/// The most dimensions read here (more take the buffer protocol).
+const MAX_DIMS: usize = 8;
+/// `NPY_ARRAY_WRITEABLE`.
+const WRITEABLE: c_int = 0x0400;
+/// `NPY_HALF`, the last of numpy's built-in type numbers that cubridge reads.
+const LAST_BUILTIN: c_int = 23;
+
+/// The dtype of a built-in numpy type character (`dtype.char`), native byte order.
+fn dtype_of(type_char: u8) -> Option<DType> {
+    let long64 = std::mem::size_of::<std::ffi::c_long>() == 8;
+    Some(match type_char {
+        b'?' => DType::Bool,
+        b'b' => DType::Int8,
+        b'B' => DType::UInt8,
+        b'h' => DType::Int16,
+        b'H' => DType::UInt16,
+        b'i' => DType::Int32,
+        b'I' => DType::UInt32,
+        b'q' => DType::Int64,
+        b'Q' => DType::UInt64,
+        b'l' if long64 => DType::Int64,
+        b'l' => DType::Int32,
+        b'L' if long64 => DType::UInt64,
+        b'L' => DType::UInt32,
+        b'e' => DType::Float16,
+        b'f' => DType::Float32,
+        b'd' => DType::Float64,
+        b'F' => DType::Complex64,
+        b'D' => DType::Complex128,
+        _ => return None,
+    })
+}
+
+/// A view of `obj`, which must be exactly a `numpy.ndarray`, holding `obj`; `None` for what
+/// this reading does not cover (another dtype or byte order, strides that are not whole
+/// elements, more than [`MAX_DIMS`] dimensions), which the buffer protocol then answers.
+pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
+    // SAFETY: `obj` is exactly a numpy.ndarray (the caller's check), whose object starts with
+    // the fields of `ArrayFields`, and whose descriptor starts with those of `DescrFields`;
+    // numpy keeps both valid while the array lives, and the GIL is held.
+    let (fields, descr) = unsafe {
+        let fields = &*obj.as_ptr().cast::<ArrayFields>();
+        (fields, &*fields.descr)
+    };
+    if descr.type_num > LAST_BUILTIN || descr.byteorder as u8 == b'>' {
+        return None;
+    }
+    let dtype = dtype_of(descr.type_char as u8)?;
+    let ndim = usize::try_from(fields.nd).ok().filter(|&n| n <= MAX_DIMS)?;
+    let (mut shape, mut strides) = ([0i64; MAX_DIMS], [0i64; MAX_DIMS]);
+    let itemsize = dtype.itemsize() as isize;
+    for k in 0..ndim {
+        // SAFETY: numpy's dimensions and strides hold `nd` entries each.
+        let (d, s) = unsafe { (*fields.dimensions.add(k), *fields.strides.add(k)) };
+        if s % itemsize != 0 {
+            return None;
+        }
+        shape[k] = d as i64;
+        strides[k] = (s / itemsize) as i64;
+    }
+    let checked = check(&Descriptor {
+        data: fields.data as usize,
+        byte_offset: 0,
+        shape: &shape[..ndim],
+        strides: Some(&strides[..ndim]),
+        dtype,
+        device: Device::Cpu,
+        readonly: fields.flags & WRITEABLE == 0,
+        len_bytes: None,
+    })
+    .ok()?;
+    // SAFETY: numpy keeps an array's memory valid while the array lives (and refuses to resize
+    // one that others reference); the view holds a strong reference to it.
+    Some(unsafe { checked.into_array(Box::new(Holder::new(obj))) })
+}
+
+/// numpy's own scalar types (`numpy.float32`, ...) met so far, with their dtypes.
+static SCALAR_TYPES: std::sync::Mutex<Vec<(Py<pyo3::types::PyType>, DType)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The value and dtype of a scalar of one of numpy's own scalar types that [`learn_scalar`] has
+/// seen, read where numpy keeps it (`PyArrayScalar_VAL`: right after the object header);
+/// `None` for anything else.
+pub fn builtin_scalar(obj: &Bound<'_, PyAny>) -> Option<(Scalar, DType)> {
+    let ty = obj.get_type();
+    let dtype = {
+        let types = SCALAR_TYPES.lock().unwrap_or_else(|p| p.into_inner());
+        types.iter().find(|(t, _)| t.is(&ty)).map(|&(_, d)| d)?
+    };
+    // SAFETY: `obj` is exactly one of numpy's scalar types of `dtype` (learn_scalar's check),
+    // whose object holds one aligned value of the dtype right after the object header.
+    let value = unsafe {
+        let at = obj
+            .as_ptr()
+            .cast::<u8>()
+            .add(std::mem::size_of::<ffi::PyObject>());
+        read_scalar(dtype, at, 0)
+    };
+    Some((value, dtype))
+}
+
+/// Remembers `obj`'s type for [`builtin_scalar`] when it is numpy's own scalar type of `dtype`
+/// (`obj.dtype.type is type(obj)`, defined by numpy), not a subclass or another library's.
+pub fn learn_scalar(obj: &Bound<'_, PyAny>, dtype: DType) {
+    let py = obj.py();
+    let ty = obj.get_type();
+    let canonical = obj
+        .getattr(pyo3::intern!(py, "dtype"))
+        .and_then(|d| d.getattr(pyo3::intern!(py, "type")))
+        .is_ok_and(|t| t.is(&ty));
+    let numpys = ty
+        .module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"));
+    if !(canonical && numpys) {
+        return;
+    }
+    let mut types = SCALAR_TYPES.lock().unwrap_or_else(|p| p.into_inner());
+    if types.len() < 32 && !types.iter().any(|(t, _)| t.is(&ty)) {
+        types.push((ty.unbind(), dtype));
+    }
+}
