@@ -174,3 +174,60 @@ def test_numpy_scalar_subclasses_take_the_long_way():
     for _ in range(2):
         r = cb.full((1,), _MyFloat32(2.5))
         assert r.dtype == "float32" and r.to_numpy()[0] == 2.5
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU or _cupy() is None, reason="needs a GPU and CuPy")
+@pytest.mark.parametrize("case", ["add", "add out=", "kernel"])
+def test_cupy_operands_run_on_cupys_current_stream(case):
+    """Inside a CuPy side stream, a call on CuPy arrays runs on that stream (named by their
+    CUDA array interface): it follows the side stream's pending work, and neither the legacy
+    default stream nor the host waits for it."""
+    cupy = _cupy()
+    side = cupy.cuda.Stream(non_blocking=True)
+    n = 1 << 20
+    with side:
+        x = cupy.arange(n, dtype=cupy.float32)
+        _spin(0.3, torch.cuda.ExternalStream(side.ptr))
+        x += 1  # queued behind the spin
+        out = cupy.empty_like(x)
+        if case == "add":
+            r = cb.add(x, x)
+        elif case == "add out=":
+            r = cb.add(x, x, out=out)
+        else:
+            k = cb.ElementwiseKernel("T a", "T z", "z = a + a", "cupy_twice")
+            r = k(x, out)
+        assert not side.done, "the side stream's work had already run"
+        assert cupy.cuda.Stream.null.done, "the legacy default stream was made to wait"
+    side.synchronize()
+    got = cupy.asarray(r) if case == "add" else out
+    expected = (np.arange(n, dtype=np.float32) + 1) * 2
+    np.testing.assert_array_equal(cupy.asnumpy(got), expected)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU or _cupy() is None, reason="needs a GPU and CuPy")
+def test_cupy_and_torch_operands_on_different_streams():
+    """A torch operand first (the kernel runs on torch's stream) and a CuPy operand written on
+    a CuPy side stream: the kernel waits for the CuPy write."""
+    cupy = _cupy()
+    side = cupy.cuda.Stream(non_blocking=True)
+    n = 1 << 20
+    t = torch.ones(n, device="cuda")
+    with side:
+        c = cupy.zeros(n, dtype=cupy.float32)
+        _spin(0.3, torch.cuda.ExternalStream(side.ptr))
+        c += 5
+    r = cb.add(t, c)
+    torch.cuda.synchronize()
+    side.synchronize()
+    assert bool((torch.from_dlpack(r) == 6).all())

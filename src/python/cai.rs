@@ -65,9 +65,50 @@ fn bad(msg: impl Into<String>) -> PyErr {
     Error::invalid(format!("__cuda_array_interface__: {}", msg.into())).into()
 }
 
+/// What an object's CUDA array interface describes: a view holding the object, on device
+/// `ordinal`, with the stream its pending writes are on where the interface names one (version
+/// 3), and the interface's version.
+pub struct Described {
+    pub array: Array,
+    pub stream: Option<cs::Stream>,
+    pub ordinal: u32,
+    pub version: i64,
+}
+
 /// A view of an object's CUDA array interface, ordered before `consumer` (with an event of its
 /// own when kept, see [`Use`]), or `None` when the object has none.
 pub fn import(obj: &Bound<'_, PyAny>, consumer: cs::Stream, use_: Use) -> PyResult<Option<Array>> {
+    let Some(Described {
+        array,
+        stream,
+        ordinal,
+        version,
+    }) = describe(obj)?
+    else {
+        return Ok(None);
+    };
+    match stream {
+        Some(p) => cs::order(consumer, p, ordinal)?,
+        // Before version 3 the interface has no stream, and producers hand over memory whose
+        // writes may still be queued: torch's on the legacy default stream, JAX's computations
+        // on its blocking streams, which the legacy default stream waits for. A consumer on
+        // another stream waits for that one. (What a producer queues on a non-blocking stream
+        // it does not name, as JAX's host-to-device copies, no consumer can order after.)
+        None if version < 3 => cs::order(consumer, cs::LEGACY, ordinal)?,
+        None => {}
+    }
+    if use_ == Use::Immediate {
+        return Ok(Some(array));
+    }
+    Ok(Some(array.with_pending(
+        consumer,
+        cs::Event::record(consumer, ordinal)?,
+    )))
+}
+
+/// The view an object's CUDA array interface describes, not yet ordered after its producer's
+/// pending writes, or `None` when the object has none.
+pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
     let py = obj.py();
     let cai = match obj.getattr("__cuda_array_interface__") {
         Ok(c) => c,
@@ -143,16 +184,6 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: cs::Stream, use_: Use) -> PyResu
     let Device::Cuda(ordinal) = device else {
         return Err(bad(format!("{ptr:#x} is not CUDA device memory")));
     };
-    match producer_stream {
-        Some(p) => cs::order(consumer, p, ordinal)?,
-        // Before version 3 the interface has no stream, and producers hand over memory whose
-        // writes may still be queued: torch's on the legacy default stream, JAX's computations
-        // on its blocking streams, which the legacy default stream waits for. A consumer on
-        // another stream waits for that one. (What a producer queues on a non-blocking stream
-        // it does not name, as JAX's host-to-device copies, no consumer can order after.)
-        None if version < 3 => cs::order(consumer, cs::LEGACY, ordinal)?,
-        None => {}
-    }
     let descriptor = Descriptor {
         data: ptr,
         byte_offset: 0,
@@ -166,14 +197,13 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: cs::Stream, use_: Use) -> PyResu
     let keepalive = Holder::new(obj);
     // SAFETY: the interface's contract: the memory stays valid while the exporting object lives,
     // and the view holds a strong reference to it.
-    let view = unsafe { from_descriptor(&descriptor, Box::new(keepalive))? };
-    if use_ == Use::Immediate {
-        return Ok(Some(view));
-    }
-    Ok(Some(view.with_pending(
-        consumer,
-        cs::Event::record(consumer, ordinal)?,
-    )))
+    let array = unsafe { from_descriptor(&descriptor, Box::new(keepalive))? };
+    Ok(Some(Described {
+        array,
+        stream: producer_stream,
+        ordinal,
+        version,
+    }))
 }
 
 /// A Python object whose memory views hold it (a CUDA array interface's exporter, a tensor lent

@@ -337,6 +337,32 @@ pub fn exchanged(obj: &Bound<'_, PyAny>, use_: Use) -> Option<Exchanged> {
     })
 }
 
+/// A kernel operand through its CUDA array interface, where that is version 3 (CuPy, Numba):
+/// the interface names the stream its pending writes are on (the producer's current stream),
+/// on which the kernel can run with no event between them, or none when nothing is pending.
+/// `None` for anything else (an exchange-table producer, JAX's version-2 interface), which
+/// [`import`] answers, as it does an interface it cannot read.
+pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
+    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+        return None;
+    }
+    let facts = type_facts(obj);
+    if !facts.cai || facts.immutable || facts.table == Table::Usable {
+        return None;
+    }
+    let described = super::cai::describe(obj).ok()??;
+    if described.version < 3 {
+        return None;
+    }
+    Some(Exchanged {
+        imported: Imported {
+            array: described.array,
+            copied: false,
+        },
+        stream: described.stream,
+    })
+}
+
 /// A view of `obj`'s memory through the table's `dltensor_from_py_object_no_sync` (a
 /// description the producer fills on the caller's stack, no allocation and no deleter), holding
 /// `obj` itself, with the producer's current work stream; `None` where the producer cannot lend
@@ -394,12 +420,13 @@ enum Table {
 }
 
 /// What cubridge needs to know of a producer's type: its [`Table`], whether the type defines
-/// `__dlpack__`, whether its instances may require grad (torch's tensors: the instance is
+/// `__dlpack__` and `__cuda_array_interface__`, whether its instances may require grad (torch's tensors: the instance is
 /// asked), whether its arrays are immutable (JAX's), and whether it is a numpy scalar type.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct TypeFacts {
     table: Table,
     dlpack: bool,
+    cai: bool,
     grad: bool,
     immutable: bool,
     numpy_scalar: bool,
@@ -436,6 +463,9 @@ fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
     };
     let py = obj.py();
     let dlpack = ty.hasattr(pyo3::intern!(py, "__dlpack__")).unwrap_or(false);
+    let cai = ty
+        .hasattr(pyo3::intern!(py, "__cuda_array_interface__"))
+        .unwrap_or(false);
     let grad = ty
         .hasattr(pyo3::intern!(py, "requires_grad"))
         .unwrap_or(false);
@@ -452,6 +482,7 @@ fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
     let facts = TypeFacts {
         table,
         dlpack,
+        cai,
         grad,
         immutable,
         numpy_scalar,

@@ -3,7 +3,8 @@
 //! (the public [`AnyArray`]).
 
 use super::import::{
-    exchanged, import, numpy_view, python_scalar, type_name, typed_numpy_scalar, Exchanged,
+    exchanged, import, lent_cai, numpy_view, python_scalar, type_name, typed_numpy_scalar,
+    Exchanged,
 };
 use super::stream::Use;
 use super::types::PyArray;
@@ -29,8 +30,8 @@ pub struct Operands {
     /// One per object asked for; `None` where the object was `None`.
     pub items: Vec<Option<Operand>>,
     /// The stream the kernel runs on: the caller's, else the first operand's producer's current
-    /// work stream where it publishes one (the DLPack exchange table: PyTorch), else the legacy
-    /// default stream.
+    /// work stream where it names one (the DLPack exchange table: PyTorch; a version-3 CUDA
+    /// array interface: CuPy, Numba), else the legacy default stream.
     pub stream: Stream,
     /// Producers' streams the kernel's stream must wait for, by device ([`Operands::order`]).
     waits: Waits,
@@ -38,7 +39,7 @@ pub struct Operands {
 
 impl Operands {
     /// Makes the kernel's stream wait for the producers whose work it found on other streams
-    /// (exchange-table imports, which hand over their stream instead of ordering). Call it
+    /// (producers that name their stream instead of ordering). Call it
     /// without the GIL: the driver may wait on its own locks.
     pub fn order(&self) -> crate::Result<()> {
         for &(producer, device) in &self.waits {
@@ -139,10 +140,12 @@ pub(crate) type Waits = Vec<(Stream, Device)>;
 
 /// Imports the arrays `objs` for one kernel into `arrays` (one entry each; `None` objects are
 /// left alone) without copying, and returns the kernel's stream and what it must wait for.
-/// Producers that publish the C exchange table come first: the first one's current work stream
-/// is the kernel's unless `explicit` names one (the caller's `stream=`), else the legacy default
-/// stream, and the table hands over the streams to wait for instead of ordering. Every other
-/// object is then imported with the kernel's stream as its consumer. An object marked `written`
+/// numpy arrays are read directly. Producers that name the stream of their pending work come
+/// first (the C exchange table's current work stream: PyTorch; a version-3 CUDA array
+/// interface's stream: CuPy, Numba): the first such stream is the kernel's unless `explicit`
+/// names one (the caller's `stream=`), else the legacy default stream, and the others are
+/// streams to wait for. Every other object is then imported with the kernel's stream as its
+/// consumer. An object marked `written`
 /// must be its producer's own memory, and one it allows to be written ([`refuse_write`]).
 pub(crate) fn take_arrays(
     objs: &[Option<&Bound<'_, PyAny>>],
@@ -165,7 +168,7 @@ pub(crate) fn take_arrays(
             arrays[k] = Some(array);
             continue;
         }
-        let Some(e) = exchanged(obj, Use::Immediate) else {
+        let Some(e) = exchanged(obj, Use::Immediate).or_else(|| lent_cai(obj)) else {
             continue;
         };
         let Exchanged { imported, stream } = e;
