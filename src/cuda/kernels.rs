@@ -8,7 +8,7 @@ use crate::error::Result;
 use cudarc::driver::{result, sys};
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// The parameter structs of every elementwise kernel (cubridge's own and users'), which every
 /// program starts with; mirrored by [`crate::ops::elementwise::params`].
@@ -183,13 +183,23 @@ fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
             .inspect_err(|e| entry.discard(&e.to_string()))
             .ok()
     };
-    let loaded = match shipped.map(load_image) {
-        Some(Ok(module)) => module,
+    let started = std::time::Instant::now();
+    let (loaded, how) = match shipped.map(load_image) {
+        Some(Ok(module)) => (module, "shipped"),
         _ => match cached() {
-            Some(module) => module,
-            None => load_image(&nvrtc::compile(source, &program.name, arch, options)?)?,
+            Some(module) => (module, "disk cache"),
+            None => {
+                nvrtc::ensure_loaded()?;
+                trace(&program.name, "NVRTC ready", started.elapsed());
+                let image = nvrtc::compile(source, &program.name, arch, options)?;
+                let compiled = started.elapsed();
+                let module = load_image(&image)?;
+                trace(&program.name, "compiled", compiled);
+                (module, "its compile loaded")
+            }
         },
     };
+    trace(&program.name, how, started.elapsed());
     let mut found = Vec::new();
     for name in &program.functions {
         let cname = CString::new(name.as_str())
@@ -202,6 +212,18 @@ fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
         found.push(f as usize);
     }
     Ok(Vec::leak(found))
+}
+
+/// With `CUBRIDGE_TRACE_LOADS` set, one line on stderr per step of loading a module: where
+/// first calls spend their time.
+fn trace(name: &str, step: &str, took: std::time::Duration) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("CUBRIDGE_TRACE_LOADS").is_some()) {
+        eprintln!(
+            "cubridge: {name}: {step} in {:.2} ms",
+            took.as_secs_f64() * 1e3
+        );
+    }
 }
 
 /// The functions of one of cubridge's own `module`s on `ordinal`, compiling and loading it on
@@ -463,17 +485,23 @@ fn gather_program(dtype: DType) -> Program {
 }
 
 /// The dtypes whose add (same dtype on both sides, array or scalar second input) and gather
-/// kernels ship in the build: the ones most programs use.
-const SHIPPED_DTYPES: [DType; 9] = [
+/// kernels ship in the build: all fifteen, so that no same-dtype first call compiles.
+const SHIPPED_DTYPES: [DType; 15] = [
     DType::Bool,
     DType::Int8,
+    DType::Int16,
     DType::Int32,
     DType::Int64,
     DType::UInt8,
+    DType::UInt16,
+    DType::UInt32,
+    DType::UInt64,
     DType::Float16,
     DType::BFloat16,
     DType::Float32,
     DType::Float64,
+    DType::Complex64,
+    DType::Complex128,
 ];
 
 /// The mixed-dtype adds that ship: float16 and bfloat16 with float32, either way round.

@@ -45,7 +45,7 @@ fn candidate_dirs() -> Vec<PathBuf> {
 }
 
 /// Loads NVRTC once per process, or explains where it looked.
-fn ensure_loaded() -> Result<()> {
+pub(crate) fn ensure_loaded() -> Result<()> {
     static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
