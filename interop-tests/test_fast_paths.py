@@ -188,9 +188,9 @@ def _cupy():
 @pytest.mark.skipif(not HAS_GPU or _cupy() is None, reason="needs a GPU and CuPy")
 @pytest.mark.parametrize("case", ["add", "add out=", "kernel"])
 def test_cupy_operands_run_on_cupys_current_stream(case):
-    """Inside a CuPy side stream, a call on CuPy arrays runs on that stream (named by their
-    CUDA array interface): it follows the side stream's pending work, and neither the legacy
-    default stream nor the host waits for it."""
+    """Inside a CuPy side stream, a call on CuPy arrays runs on that stream (CuPy's current
+    stream): it follows the side stream's pending work, and neither the legacy default stream
+    nor the host waits for it."""
     cupy = _cupy()
     side = cupy.cuda.Stream(non_blocking=True)
     n = 1 << 20
@@ -199,6 +199,7 @@ def test_cupy_operands_run_on_cupys_current_stream(case):
         _spin(0.3, torch.cuda.ExternalStream(side.ptr))
         x += 1  # queued behind the spin
         out = cupy.empty_like(x)
+        assert not side.done, "the spin did not keep the side stream busy"
         if case == "add":
             r = cb.add(x, x)
         elif case == "add out=":

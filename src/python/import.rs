@@ -318,7 +318,9 @@ pub fn exchanged(obj: &Bound<'_, PyAny>, use_: Use) -> Option<Exchanged> {
             (from_managed(managed).ok()?, copied, stream)
         }
     };
-    let array = if forbids_writes(obj, facts) {
+    // A kernel's operands that it writes were refused beforehand where the producer forbids
+    // it (operands::refuse_write); only a kept view carries the refusal.
+    let array = if use_ == Use::Kept && forbids_writes(obj, facts) {
         array.with_readonly(true)
     } else {
         array
@@ -337,7 +339,8 @@ pub fn exchanged(obj: &Bound<'_, PyAny>, use_: Use) -> Option<Exchanged> {
     })
 }
 
-/// A kernel operand through its CUDA array interface, where that is version 3 (CuPy, Numba):
+/// A kernel operand through its CUDA array interface, where that is version 3 and the producer
+/// has no DLPack (Numba):
 /// the interface names the stream its pending writes are on (the producer's current stream),
 /// on which the kernel can run with no event between them, or none when nothing is pending.
 /// `None` for anything else (an exchange-table producer, JAX's version-2 interface), which
@@ -347,7 +350,8 @@ pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
         return None;
     }
     let facts = type_facts(obj);
-    if !facts.cai || facts.immutable || facts.table == Table::Usable {
+    // DLPack producers take DLPack: for CuPy, its export costs less than its interface dict.
+    if !facts.cai || facts.dlpack || facts.immutable || facts.table == Table::Usable {
         return None;
     }
     let described = super::cai::describe(obj).ok()??;
@@ -405,6 +409,32 @@ fn lent_descriptor(t: &dlpark::ffi::DLTensor) -> Result<crate::view::Descriptor<
     })
 }
 
+/// The current stream of `obj`'s producer where cubridge knows how to ask for it without the
+/// exchange table: CuPy's (`cupy.cuda.stream.get_current_stream_ptr`, one call). A kernel on
+/// that stream needs no event from the producer's export, which orders its work before the
+/// stream it is handed only when that is another stream.
+pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
+    if !type_facts(obj).cupy {
+        return None;
+    }
+    static GET: pyo3::sync::PyOnceLock<Option<Py<PyAny>>> = pyo3::sync::PyOnceLock::new();
+    let py = obj.py();
+    let get = GET.get_or_init(py, || {
+        py.import("cupy.cuda.stream")
+            .and_then(|m| m.getattr("get_current_stream_ptr"))
+            .ok()
+            .map(Bound::unbind)
+    });
+    let ptr: usize = get.as_ref()?.bind(py).call0().ok()?.extract().ok()?;
+    // The NULL stream is the legacy default stream; 1 and 2 name the legacy and per-thread
+    // default streams as DLPack does.
+    Some(if ptr == 0 {
+        crate::cuda::stream::LEGACY
+    } else {
+        Stream::from_handle(ptr)
+    })
+}
+
 /// What `obj`'s type publishes of a DLPack C exchange table.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Table {
@@ -420,13 +450,15 @@ enum Table {
 }
 
 /// What cubridge needs to know of a producer's type: its [`Table`], whether the type defines
-/// `__dlpack__` and `__cuda_array_interface__`, whether its instances may require grad (torch's tensors: the instance is
+/// `__dlpack__` and `__cuda_array_interface__`, whether it is CuPy's, whether its instances may
+/// require grad (torch's tensors: the instance is
 /// asked), whether its arrays are immutable (JAX's), and whether it is a numpy scalar type.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct TypeFacts {
     table: Table,
     dlpack: bool,
     cai: bool,
+    cupy: bool,
     grad: bool,
     immutable: bool,
     numpy_scalar: bool,
@@ -475,6 +507,10 @@ fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
         m.to_str()
             .is_ok_and(|m| m == "jax" || m.starts_with("jax.") || m.starts_with("jaxlib"))
     });
+    let cupy = ty.module().is_ok_and(|m| {
+        m.to_str()
+            .is_ok_and(|m| m == "cupy" || m.starts_with("cupy."))
+    });
     let numpy_scalar = numpy_generic(py)
         .ok()
         .flatten()
@@ -483,6 +519,7 @@ fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
         table,
         dlpack,
         cai,
+        cupy,
         grad,
         immutable,
         numpy_scalar,

@@ -3,8 +3,8 @@
 //! (the public [`AnyArray`]).
 
 use super::import::{
-    exchanged, import, lent_cai, numpy_view, python_scalar, type_name, typed_numpy_scalar,
-    Exchanged,
+    current_stream, exchanged, import, lent_cai, numpy_view, python_scalar, type_name,
+    typed_numpy_scalar, Exchanged,
 };
 use super::stream::Use;
 use super::types::PyArray;
@@ -31,7 +31,7 @@ pub struct Operands {
     pub items: Vec<Option<Operand>>,
     /// The stream the kernel runs on: the caller's, else the first operand's producer's current
     /// work stream where it names one (the DLPack exchange table: PyTorch; a version-3 CUDA
-    /// array interface: CuPy, Numba), else the legacy default stream.
+    /// array interface: Numba; CuPy's current stream), else the legacy default stream.
     pub stream: Stream,
     /// Producers' streams the kernel's stream must wait for, by device ([`Operands::order`]).
     waits: Waits,
@@ -142,10 +142,11 @@ pub(crate) type Waits = Vec<(Stream, Device)>;
 /// left alone) without copying, and returns the kernel's stream and what it must wait for.
 /// numpy arrays are read directly. Producers that name the stream of their pending work come
 /// first (the C exchange table's current work stream: PyTorch; a version-3 CUDA array
-/// interface's stream: CuPy, Numba): the first such stream is the kernel's unless `explicit`
-/// names one (the caller's `stream=`), else the legacy default stream, and the others are
-/// streams to wait for. Every other object is then imported with the kernel's stream as its
-/// consumer. An object marked `written`
+/// interface's stream: Numba): the kernel runs on `explicit` (the caller's `stream=`), else the
+/// first such stream, else CuPy's current stream when an operand is CuPy's, else the legacy
+/// default stream; the other named streams are waited for. Every other object is then imported
+/// with the kernel's stream as its consumer (CuPy orders its own work before it, with no event
+/// when it is CuPy's current stream). An object marked `written`
 /// must be its producer's own memory, and one it allows to be written ([`refuse_write`]).
 pub(crate) fn take_arrays(
     objs: &[Option<&Bound<'_, PyAny>>],
@@ -154,6 +155,8 @@ pub(crate) fn take_arrays(
     arrays: &mut [Option<Array>],
 ) -> PyResult<(Stream, Waits)> {
     let mut producers: Waits = Vec::new();
+    // The current stream of a producer that does not hand its work over (CuPy's).
+    let mut current: Option<Stream> = None;
     for (k, obj) in objs.iter().enumerate() {
         if let (Some(obj), true) = (obj, written[k]) {
             refuse_write(obj, "an output")?;
@@ -169,6 +172,9 @@ pub(crate) fn take_arrays(
             continue;
         }
         let Some(e) = exchanged(obj, Use::Immediate).or_else(|| lent_cai(obj)) else {
+            if current.is_none() {
+                current = current_stream(obj);
+            }
             continue;
         };
         let Exchanged { imported, stream } = e;
@@ -180,6 +186,7 @@ pub(crate) fn take_arrays(
     }
     let stream = explicit
         .or_else(|| producers.first().map(|p| p.0))
+        .or(current)
         .unwrap_or(LEGACY);
     producers.retain(|p| p.0 != stream);
     for (k, obj) in objs.iter().enumerate() {
