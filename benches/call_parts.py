@@ -51,6 +51,19 @@ def main():
     timed("cb.add(a, b, out=c) on cubridge arrays (no import)", lambda: cb.add(bx, by, out=bz))
     timed("cb.add(a, b, out=c) on torch tensors", lambda: cb.add(tx, ty, out=tz))
     timed("cb.asarray(t) (an owning export and a kept view)", lambda: cb.asarray(tx))
+    side = torch.cuda.Stream()
+    timed("cb.add(a, b) on cubridge arrays (no import)", lambda: cb.add(bx, by))
+    timed(
+        "cb.add(a, b, out=c, stream=side) on cubridge arrays",
+        lambda: cb.add(bx, by, out=bz, stream=side),
+    )
+    timed("cb.add(a, b, stream=side) on cubridge arrays", lambda: cb.add(bx, by, stream=side))
+    timed("cb.empty(n) then dropped, legacy stream", lambda: cb.empty(N, device="cuda"))
+    with torch.cuda.stream(side):
+        timed("torch.add(a, b, out=c) inside a side stream", lambda: torch.add(tx, ty, out=tz))
+        timed("torch.add(a, b) inside a side stream", lambda: torch.add(tx, ty))
+        timed("cb.add(a, b, out=c) inside a side stream", lambda: cb.add(tx, ty, out=tz))
+        timed("cb.add(a, b) inside a side stream", lambda: cb.add(tx, ty))
     lend = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(
         table_function(torch.Tensor, 40)
     )
@@ -72,8 +85,7 @@ def main():
     print("-- CuPy arrays")
     timed("cupy.add(a, b, out=c)", lambda: cp.add(cx, cy, out=cz))
     timed("cb.add(a, b, out=c) on CuPy arrays", lambda: cb.add(cx, cy, out=cz))
-    current = cp.cuda.stream.get_current_stream_ptr
-    timed("  cupy.cuda.stream.get_current_stream_ptr()", current)
+    timed("  cupy.cuda.get_current_stream().ptr", lambda: cp.cuda.get_current_stream().ptr)
     timed("  x.__dlpack_device__()", lambda: cx.__dlpack_device__())
     timed(
         "  x.__dlpack__(stream=1, max_version=(1, 3))",

@@ -410,7 +410,7 @@ fn lent_descriptor(t: &dlpark::ffi::DLTensor) -> Result<crate::view::Descriptor<
 }
 
 /// The current stream of `obj`'s producer where cubridge knows how to ask for it without the
-/// exchange table: CuPy's (`cupy.cuda.stream.get_current_stream_ptr`, one call). A kernel on
+/// exchange table: CuPy's (`cupy.cuda.get_current_stream().ptr`). A kernel on
 /// that stream needs no event from the producer's export, which orders its work before the
 /// stream it is handed only when that is another stream.
 pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
@@ -420,12 +420,17 @@ pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
     static GET: pyo3::sync::PyOnceLock<Option<Py<PyAny>>> = pyo3::sync::PyOnceLock::new();
     let py = obj.py();
     let get = GET.get_or_init(py, || {
-        py.import("cupy.cuda.stream")
-            .and_then(|m| m.getattr("get_current_stream_ptr"))
+        py.import("cupy.cuda")
+            .and_then(|m| m.getattr("get_current_stream"))
             .ok()
             .map(Bound::unbind)
     });
-    let ptr: usize = get.as_ref()?.bind(py).call0().ok()?.extract().ok()?;
+    let current = get.as_ref()?.bind(py).call0().ok()?;
+    let ptr: usize = current
+        .getattr(pyo3::intern!(py, "ptr"))
+        .ok()?
+        .extract()
+        .ok()?;
     // The NULL stream is the legacy default stream; 1 and 2 name the legacy and per-thread
     // default streams as DLPack does.
     Some(if ptr == 0 {
