@@ -826,14 +826,15 @@ def test_kernels_are_cached_on_disk(tmp_path):
     code = (
         "import cubridge as cb, torch\n"
         "a = torch.ones(4, dtype=torch.int16, device='cuda')\n"
-        "print(torch.from_dlpack(cb.add(a, a)).tolist())\n"
+        "b = torch.ones(4, dtype=torch.int32, device='cuda')\n"
+        "print(torch.from_dlpack(cb.add(a, b)).tolist())\n"
     )
     env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
     first = run_child(code, env)
     assert first.stdout.strip() == "[2, 2, 2, 2]"
     cached = sorted(p.name for p in tmp_path.iterdir())
-    # int16 is not among the kernels shipped in a wheel: it is compiled, to machine code for
-    # this device, and cached.
+    # int16 + int32 is not among the kernels shipped in a wheel: it is compiled, to machine code
+    # for this device, and cached.
     major, minor = torch.cuda.get_device_capability()
     assert cached and all(n.endswith(f".{major}{minor}.bin") for n in cached), cached
     mtimes = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
@@ -845,7 +846,11 @@ def test_kernels_are_cached_on_disk(tmp_path):
 _SHIPPED_CHILD = r"""
 import json, sys, torch, cubridge as cb
 failures = []
+WIDE = {torch.uint16: torch.int32, torch.uint32: torch.int64, torch.uint64: torch.int64}
 def check(what, got, a, b):
+    wide = WIDE.get(a.dtype)
+    if wide is not None:  # torch adds these unsigned types only on the CPU: compare widened
+        a, b, got = a.to(wide), b.to(wide), torch.from_dlpack(got).to(wide)
     want = (a.float() + b.float()) if a.dtype != b.dtype else (a + b if a.dtype != torch.bool else a | b)
     got = torch.from_dlpack(got)
     if got.dtype != want.dtype or not torch.equal(got.cpu(), want.cpu()):
@@ -868,23 +873,24 @@ for name in names:
         if not torch.equal(host, x[:, ::3].cpu()):
             failures.append(name + " gather")
 try:
-    cb.add(torch.ones(4, dtype=torch.int16, device="cuda"), torch.ones(4, dtype=torch.int16, device="cuda"))
-    failures.append("int16 compiled although CUBRIDGE_NVRTC=0")
+    cb.add(torch.ones(4, dtype=torch.int16, device="cuda"), torch.ones(4, dtype=torch.int32, device="cuda"))
+    failures.append("int16 + int32 compiled although CUBRIDGE_NVRTC=0")
 except cb.CompileError as e:
     if "CUBRIDGE_NVRTC=0" not in str(e):
-        failures.append("int16 error: " + str(e))
+        failures.append("int16 + int32 error: " + str(e))
 print(json.dumps(failures))
 """
 
 _SHIPPED_CASES = (
-    "bool+bool,int8+int8,int32+int32,int64+int64,uint8+uint8,float16+float16,"
+    "bool+bool,int8+int8,int16+int16,int32+int32,int64+int64,uint8+uint8,uint16+uint16,"
+    "uint32+uint32,uint64+uint64,complex64+complex64,complex128+complex128,float16+float16,"
     "bfloat16+bfloat16,float32+float32,float64+float64,float16+float32,float32+float16,"
     "bfloat16+float32,float32+bfloat16"
 )
 
 
 def test_shipped_kernels_run_without_nvrtc(tmp_path):
-    """A wheel built by `make wheel` ships add's kernels for the common dtypes: in a new process
+    """A wheel built by `make wheel` ships add's kernels for every dtype: in a new process
     with an empty kernel cache and run-time compilation off, every shipped case (contiguous,
     transposed, scalar, and the gather of a strided copy) runs and equals torch's result, and
     one that is not shipped says why it cannot compile."""

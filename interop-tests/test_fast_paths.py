@@ -194,19 +194,26 @@ def test_cupy_operands_run_on_cupys_current_stream(case):
     cupy = _cupy()
     side = cupy.cuda.Stream(non_blocking=True)
     n = 1 << 20
+    k = cb.ElementwiseKernel("T a", "T z", "z = a + a", "cupy_twice")
+
+    def call(x, out):
+        if case == "add":
+            return cb.add(x, x)
+        if case == "add out=":
+            return cb.add(x, x, out=out)
+        return k(x, out)
+
     with side:
         x = cupy.arange(n, dtype=cupy.float32)
-        _spin(0.3, torch.cuda.ExternalStream(side.ptr))
-        x += 1  # queued behind the spin
         out = cupy.empty_like(x)
+        x += 1
+        call(x, out)  # CuPy's and cubridge's kernels are compiled before the timed part
+        x -= 1
+        side.synchronize()
+        _spin(1.0, torch.cuda.ExternalStream(side.ptr))
+        x += 1  # queued behind the spin
         assert not side.done, "the spin did not keep the side stream busy"
-        if case == "add":
-            r = cb.add(x, x)
-        elif case == "add out=":
-            r = cb.add(x, x, out=out)
-        else:
-            k = cb.ElementwiseKernel("T a", "T z", "z = a + a", "cupy_twice")
-            r = k(x, out)
+        r = call(x, out)
         assert not side.done, "the side stream's work had already run"
         assert cupy.cuda.Stream.null.done, "the legacy default stream was made to wait"
     side.synchronize()
@@ -218,17 +225,21 @@ def test_cupy_operands_run_on_cupys_current_stream(case):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU or _cupy() is None, reason="needs a GPU and CuPy")
 def test_cupy_and_torch_operands_on_different_streams():
-    """A torch operand first (the kernel runs on torch's stream) and a CuPy operand written on
-    a CuPy side stream: the kernel waits for the CuPy write."""
+    """A torch operand first (the kernel runs on torch's current stream) and a CuPy operand
+    written on CuPy's current stream, a side stream: the kernel waits for the CuPy write."""
     cupy = _cupy()
     side = cupy.cuda.Stream(non_blocking=True)
     n = 1 << 20
     t = torch.ones(n, device="cuda")
     with side:
         c = cupy.zeros(n, dtype=cupy.float32)
-        _spin(0.3, torch.cuda.ExternalStream(side.ptr))
+        c += 0
+        side.synchronize()
+        _spin(1.0, torch.cuda.ExternalStream(side.ptr))
         c += 5
-    r = cb.add(t, c)
+        # CuPy orders its current stream's work (this side stream) before the stream it is
+        # handed: torch's, on which the kernel runs.
+        r = cb.add(t, c)
     torch.cuda.synchronize()
     side.synchronize()
     assert bool((torch.from_dlpack(r) == 6).all())
