@@ -67,6 +67,11 @@ pub struct Checked {
 }
 
 impl Checked {
+    /// The device the memory is on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
     /// The view, with `keepalive` keeping the memory valid.
     ///
     /// # Safety

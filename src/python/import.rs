@@ -3,6 +3,7 @@
 //! unless the caller asks for a copy, another dtype or another device.
 
 use super::buffer;
+use super::exchange::WorkStreams;
 use super::stream::{Consumer, Use};
 use super::types::PyArray;
 use crate::array::Array;
@@ -292,7 +293,11 @@ pub struct Exchanged {
 /// fallbacks, or its error). For [`Use::Immediate`] (a kernel's operand) the producer lends a
 /// non-owning description of its tensor and the array holds the Python object instead of an
 /// owning export; a producer that cannot lend is asked for the owning export.
-pub fn exchanged(obj: &Bound<'_, PyAny>, use_: Use) -> Option<Exchanged> {
+pub fn exchanged(
+    obj: &Bound<'_, PyAny>,
+    use_: Use,
+    streams: &mut WorkStreams,
+) -> Option<Exchanged> {
     // cubridge's arrays need no table, and numpy's come in through the buffer protocol (host
     // memory, no stream), which costs less than any table lookup.
     if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
@@ -302,20 +307,25 @@ pub fn exchanged(obj: &Bound<'_, PyAny>, use_: Use) -> Option<Exchanged> {
     if facts.table != Table::Usable {
         return None;
     }
-    let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
     let lent = match use_ {
-        Use::Immediate => lent_view(&api, obj),
+        Use::Immediate => super::exchange::lend(facts.api, obj, streams),
         Use::Kept => None,
     };
     let (array, copied, stream) = match lent {
         Some((array, stream)) => (array, false, stream),
         None => {
+            let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
             let (managed, stream) = api
                 .import_managed_no_sync(obj.as_borrowed())
                 .ok()?
                 .into_parts();
             let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
-            (from_managed(managed).ok()?, copied, stream)
+            let array = from_managed(managed).ok()?;
+            let stream = match array.device() {
+                Device::Cuda(_) => Some(Stream::from_handle(stream as usize)),
+                _ => None,
+            };
+            (array, copied, stream)
         }
     };
     // A kernel's operands that it writes were refused beforehand where the producer forbids
@@ -329,10 +339,6 @@ pub fn exchanged(obj: &Bound<'_, PyAny>, use_: Use) -> Option<Exchanged> {
         // import() refuses it, with the reason.
         return None;
     }
-    let stream = match array.device() {
-        Device::Cuda(_) => Some(Stream::from_handle(stream as usize)),
-        _ => None,
-    };
     Some(Exchanged {
         imported: Imported { array, copied },
         stream,
@@ -364,48 +370,6 @@ pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
             copied: false,
         },
         stream: described.stream,
-    })
-}
-
-/// A view of `obj`'s memory through the table's `dltensor_from_py_object_no_sync` (a
-/// description the producer fills on the caller's stack, no allocation and no deleter), holding
-/// `obj` itself, with the producer's current work stream; `None` where the producer cannot lend
-/// one or its description is refused.
-fn lent_view(api: &ExchangeApi, obj: &Bound<'_, PyAny>) -> Option<(Array, *mut std::ffi::c_void)> {
-    let viewed = api.with_tensor_view_no_sync(obj.as_borrowed(), |t, stream| {
-        let checked = crate::view::check(&lent_descriptor(t)?)?;
-        // SAFETY: DLPack's contract for a lent tensor: its memory is the object's while the
-        // object lives, and the view holds a strong reference to the object.
-        let array = unsafe { checked.into_array(Box::new(super::cai::Holder::new(obj))) };
-        Ok::<_, Error>((array, stream))
-    });
-    viewed.ok()?.ok()
-}
-
-/// The descriptor of a lent `DLTensor`, whose shape and strides the producer owns until control
-/// returns to it.
-fn lent_descriptor(t: &dlpark::ffi::DLTensor) -> Result<crate::view::Descriptor<'_>, Error> {
-    let ndim = usize::try_from(t.ndim)
-        .ok()
-        .filter(|&n| n <= crate::layout::MAX_NDIM)
-        .ok_or_else(|| Error::invalid(format!("DLPack ndim {} is out of range", t.ndim)))?;
-    let slice = |p: *mut i64| -> Option<&[i64]> {
-        // SAFETY: a DLTensor's non-NULL shape and strides hold `ndim` entries, valid until
-        // control returns to the producer, which outlasts the descriptor's use.
-        (!p.is_null() && ndim > 0).then(|| unsafe { std::slice::from_raw_parts(p, ndim) })
-    };
-    if ndim > 0 && t.shape.is_null() {
-        return Err(Error::invalid("DLPack tensor has dimensions but no shape"));
-    }
-    Ok(crate::view::Descriptor {
-        data: t.data as usize,
-        byte_offset: t.byte_offset,
-        shape: slice(t.shape).unwrap_or(&[]),
-        strides: slice(t.strides),
-        dtype: DType::from_dlpack(t.dtype)?,
-        device: Device::from_dlpack(t.device)?,
-        readonly: false,
-        len_bytes: None,
     })
 }
 
@@ -461,6 +425,8 @@ enum Table {
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct TypeFacts {
     table: Table,
+    /// The address of a usable table ([`super::exchange::table_of`]), else 0.
+    api: usize,
     dlpack: bool,
     cai: bool,
     cupy: bool,
@@ -520,8 +486,14 @@ fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
         .ok()
         .flatten()
         .is_some_and(|g| ty.is_subclass(g).unwrap_or(false));
+    let api = if table == Table::Usable {
+        super::exchange::table_of(&ty)
+    } else {
+        0
+    };
     let facts = TypeFacts {
         table,
+        api,
         dlpack,
         cai,
         cupy,

@@ -11,6 +11,7 @@ mod array;
 mod buffer;
 mod cai;
 mod errors;
+mod exchange;
 mod extension;
 mod functions;
 mod import;

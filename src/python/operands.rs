@@ -157,6 +157,7 @@ pub(crate) fn take_arrays(
     let mut producers: Waits = Vec::new();
     // The current stream of a producer that does not hand its work over (CuPy's).
     let mut current: Option<Stream> = None;
+    let mut streams = super::exchange::WorkStreams::default();
     for (k, obj) in objs.iter().enumerate() {
         if let (Some(obj), true) = (obj, written[k]) {
             refuse_write(obj, "an output")?;
@@ -171,7 +172,7 @@ pub(crate) fn take_arrays(
             arrays[k] = Some(array);
             continue;
         }
-        let Some(e) = exchanged(obj, Use::Immediate).or_else(|| lent_cai(obj)) else {
+        let Some(e) = exchanged(obj, Use::Immediate, &mut streams).or_else(|| lent_cai(obj)) else {
             if current.is_none() {
                 current = current_stream(obj);
             }
@@ -253,7 +254,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for AnyArray {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<AnyArray> {
         let obj = obj.to_owned();
-        if let Some(e) = exchanged(&obj, Use::Kept) {
+        if let Some(e) = exchanged(&obj, Use::Kept, &mut Default::default()) {
             // The table hands over its stream instead of ordering: an event there stands for
             // the producer's pending work.
             let array = match (e.stream, e.imported.array.device()) {

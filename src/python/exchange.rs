@@ -1,0 +1,129 @@
+//! The DLPack C exchange table as kernels' operands use it: a producer's tensor lent through
+//! `dltensor_from_py_object_no_sync` (a description filled on the caller's stack: no
+//! allocation, no deleter) and the producer's current work stream, asked once per call and
+//! device rather than once per operand (PyTorch's answer costs more than the lending). dlpark's
+//! `ExchangeApi` asks for the stream with every tensor it imports, so the table is called here.
+
+use super::cai::Holder;
+use crate::array::Array;
+use crate::cuda::stream::Stream;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::view::{check, Descriptor};
+use dlpark::ffi::{
+    DLDevice, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION,
+};
+use pyo3::prelude::*;
+
+/// The address of the exchange table of `ty`'s `__dlpack_c_exchange_api__` capsule of the
+/// DLPack major version cubridge reads (walking the table's chain of older versions), or 0.
+/// Tables live as long as the process (the DLPack contract), so the address may be kept.
+pub fn table_of(ty: &Bound<'_, pyo3::types::PyType>) -> usize {
+    let Ok(capsule) = ty.getattr(pyo3::intern!(ty.py(), "__dlpack_c_exchange_api__")) else {
+        return 0;
+    };
+    // SAFETY: PyCapsule_GetPointer accepts any object; it returns NULL (with an exception set,
+    // cleared below) for anything but a capsule of that name.
+    let mut header = unsafe {
+        pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), c"dlpack_exchange_api".as_ptr())
+    } as *const DLPackExchangeAPIHeader;
+    if header.is_null() {
+        let _ = PyErr::take(ty.py());
+    }
+    while !header.is_null() {
+        // SAFETY: a table's chain consists of live tables, each starting with its header.
+        let h = unsafe { &*header };
+        if h.version.major == DLPACK_MAJOR_VERSION {
+            return header as usize;
+        }
+        header = h.prev_api;
+    }
+    0
+}
+
+/// The producers' current work streams asked during one call, by table and device.
+#[derive(Default)]
+pub struct WorkStreams(Vec<(usize, (u32, i32), Option<Stream>)>);
+
+impl WorkStreams {
+    /// The current work stream of the producer of table `api` on `device`, asked once.
+    fn get(&mut self, api: &DLPackExchangeAPI, table: usize, device: DLDevice) -> Option<Stream> {
+        let key = (device.device_type.0, device.device_id);
+        if let Some(&(_, _, s)) = self.0.iter().find(|(t, k, _)| *t == table && *k == key) {
+            return s;
+        }
+        let ask = api.current_work_stream?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the table's function, called with the GIL held as DLPack requires, writing
+        // one stream handle into `raw`.
+        let rc = unsafe { ask(device.device_type, device.device_id, &mut raw) };
+        let stream = if rc == 0 {
+            Some(Stream::from_handle(raw as usize))
+        } else {
+            None
+        };
+        self.0.push((table, key, stream));
+        stream
+    }
+}
+
+/// `obj` lent through table `table` (an address from [`table_of`]): a view holding `obj`, with
+/// the producer's current work stream for a CUDA tensor. `None` where the producer lends
+/// nothing (no such function, or a refusal, whose exception is cleared: the owning export then
+/// answers) or describes what cubridge refuses.
+pub fn lend(
+    table: usize,
+    obj: &Bound<'_, PyAny>,
+    streams: &mut WorkStreams,
+) -> Option<(Array, Option<Stream>)> {
+    if table == 0 {
+        return None;
+    }
+    // SAFETY: `table` came from table_of: a live table of the major version cubridge reads.
+    let api = unsafe { &*(table as *const DLPackExchangeAPI) };
+    let lend = api.dltensor_from_py_object_no_sync?;
+    // SAFETY: DLTensor is a plain C struct; all zeros is a valid value to be overwritten.
+    let mut t: DLTensor = unsafe { std::mem::zeroed() };
+    // SAFETY: `obj` is of the type the table came from, the GIL is held, and `t` is writable.
+    if unsafe { lend(obj.as_ptr().cast(), &mut t) } != 0 {
+        let _ = PyErr::take(obj.py());
+        return None;
+    }
+    let checked = check(&descriptor(&t).ok()?).ok()?;
+    let stream = match checked.device() {
+        Device::Cuda(_) => Some(streams.get(api, table, t.device)?),
+        _ => None,
+    };
+    // SAFETY: DLPack's contract for a lent tensor: its memory is the object's while the object
+    // lives, and the view holds a strong reference to the object.
+    let array = unsafe { checked.into_array(Box::new(Holder::new(obj))) };
+    Some((array, stream))
+}
+
+/// The descriptor of a lent `DLTensor`, whose shape and strides the producer owns until control
+/// returns to it.
+fn descriptor(t: &DLTensor) -> Result<Descriptor<'_>, Error> {
+    let ndim = usize::try_from(t.ndim)
+        .ok()
+        .filter(|&n| n <= crate::layout::MAX_NDIM)
+        .ok_or_else(|| Error::invalid(format!("DLPack ndim {} is out of range", t.ndim)))?;
+    if ndim > 0 && t.shape.is_null() {
+        return Err(Error::invalid("DLPack tensor has dimensions but no shape"));
+    }
+    let slice = |p: *mut i64| -> Option<&[i64]> {
+        // SAFETY: a DLTensor's non-NULL shape and strides hold `ndim` entries, valid until
+        // control returns to the producer, which outlasts the descriptor's use.
+        (!p.is_null() && ndim > 0).then(|| unsafe { std::slice::from_raw_parts(p, ndim) })
+    };
+    Ok(Descriptor {
+        data: t.data as usize,
+        byte_offset: t.byte_offset,
+        shape: slice(t.shape).unwrap_or(&[]),
+        strides: slice(t.strides),
+        dtype: DType::from_dlpack(t.dtype)?,
+        device: Device::from_dlpack(t.device)?,
+        readonly: false,
+        len_bytes: None,
+    })
+}
