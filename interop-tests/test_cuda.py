@@ -851,7 +851,8 @@ def check(what, got, a, b):
     wide = WIDE.get(a.dtype)
     if wide is not None:  # torch adds these unsigned types only on the CPU: compare widened
         a, b, got = a.to(wide), b.to(wide), torch.from_dlpack(got).to(wide)
-    want = (a.float() + b.float()) if a.dtype != b.dtype else (a + b if a.dtype != torch.bool else a | b)
+    wider = torch.promote_types(a.dtype, b.dtype)
+    want = (a.to(wider) + b.to(wider)) if a.dtype != b.dtype else (a + b if a.dtype != torch.bool else a | b)
     got = torch.from_dlpack(got)
     if got.dtype != want.dtype or not torch.equal(got.cpu(), want.cpu()):
         failures.append(what)
@@ -885,7 +886,8 @@ _SHIPPED_CASES = (
     "bool+bool,int8+int8,int16+int16,int32+int32,int64+int64,uint8+uint8,uint16+uint16,"
     "uint32+uint32,uint64+uint64,complex64+complex64,complex128+complex128,float16+float16,"
     "bfloat16+bfloat16,float32+float32,float64+float64,float16+float32,float32+float16,"
-    "bfloat16+float32,float32+bfloat16"
+    "bfloat16+float32,float32+bfloat16,float16+float64,float64+float16,bfloat16+float64,"
+    "float64+bfloat16"
 )
 
 

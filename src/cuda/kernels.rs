@@ -504,12 +504,18 @@ const SHIPPED_DTYPES: [DType; 15] = [
     DType::Complex128,
 ];
 
-/// The mixed-dtype adds that ship: float16 and bfloat16 with float32, either way round.
-const SHIPPED_PAIRS: [(DType, DType); 4] = [
-    (DType::Float16, DType::Float32),
-    (DType::Float32, DType::Float16),
-    (DType::BFloat16, DType::Float32),
-    (DType::Float32, DType::BFloat16),
+/// The mixed-dtype adds that ship, with their result: float16 and bfloat16 with float32 and with
+/// float64, either way round (the promotions that need the half-precision headers, whose compile
+/// takes longest).
+const SHIPPED_PAIRS: [(DType, DType, DType); 8] = [
+    (DType::Float16, DType::Float32, DType::Float32),
+    (DType::Float32, DType::Float16, DType::Float32),
+    (DType::BFloat16, DType::Float32, DType::Float32),
+    (DType::Float32, DType::BFloat16, DType::Float32),
+    (DType::Float16, DType::Float64, DType::Float64),
+    (DType::Float64, DType::Float16, DType::Float64),
+    (DType::BFloat16, DType::Float64, DType::Float64),
+    (DType::Float64, DType::BFloat16, DType::Float64),
 ];
 
 /// The programs compiled ahead of time and shipped in the build (see [`super::shipped`]): for
@@ -520,7 +526,7 @@ pub fn shipped_programs() -> Vec<Program> {
     let triples = SHIPPED_DTYPES
         .iter()
         .map(|&d| [d, d, d])
-        .chain(SHIPPED_PAIRS.iter().map(|&(a, b)| [a, b, DType::Float32]));
+        .chain(SHIPPED_PAIRS.iter().map(|&(a, b, r)| [a, b, r]));
     for t in triples {
         for part in AddPart::ALL {
             programs.push(add_program(t, Second::Array, part, Index::I32));
