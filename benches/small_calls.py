@@ -1,8 +1,10 @@
 """Small calls on other libraries' arrays against those libraries' own calls (issue 28's table):
 wall time per call of 2^10-element float32 operations, median of 7 rounds of 2000 calls, each
 round ended by a device synchronize, every case's rounds interleaved with its peer's. Each row
-prints cubridge's time, the peer's and the ratio (goal: at most 1.00x; the RawKernel row's peer
-is cubridge's own ElementwiseKernel on the same tensors).
+prints cubridge's time, the peer's and the ratio (goal: at most 1.00x). The peer is the
+producer's own call: `torch.add` (for the axpy, `torch.add(y, x, alpha=a)`), `cupy.add`, CuPy's
+ElementwiseKernel; the RawKernel row's peer is cubridge's own ElementwiseKernel on the same
+tensors.
 
     python benches/small_calls.py [--rounds 7] [--calls 2000] [--out DIR]
 """
@@ -38,105 +40,33 @@ def rows():
     a32, n32 = np.float32(A), np.int32(N)
     torch_side = torch.cuda.Stream()
     cupy_side = cp.cuda.Stream(non_blocking=True)
-    in_torch_side = lambda: torch.cuda.stream(torch_side)  # noqa: E731
-    in_cupy_side = lambda: cupy_side  # noqa: E731
-    return [
-        # torch tensors against torch's own calls
-        (
-            "add(a, b, out=c) torch",
-            lambda: cb.add(tx, ty, out=tz),
-            lambda: torch.add(tx, ty, out=tz),
-            None,
-        ),
-        ("add(a, b) torch", lambda: cb.add(tx, ty), lambda: torch.add(tx, ty), None),
-        (
-            "add(a, b, out=c) torch, side stream",
-            lambda: cb.add(tx, ty, out=tz),
-            lambda: torch.add(tx, ty, out=tz),
-            in_torch_side,
-        ),
-        (
-            "add(a, b) torch, side stream",
-            lambda: cb.add(tx, ty),
-            lambda: torch.add(tx, ty),
-            in_torch_side,
-        ),
-        (
-            "EK axpy out= torch / torch.add(alpha=, out=)",
-            lambda: CB_AXPY(tx, ty, A, tz),
-            lambda: torch.add(ty, tx, alpha=A, out=tz),
-            None,
-        ),
-        (
-            "EK axpy torch / torch.add(alpha=)",
-            lambda: CB_AXPY(tx, ty, A),
-            lambda: torch.add(ty, tx, alpha=A),
-            None,
-        ),
-        (
-            "EK axpy out= torch, side stream",
-            lambda: CB_AXPY(tx, ty, A, tz),
-            lambda: torch.add(ty, tx, alpha=A, out=tz),
-            in_torch_side,
-        ),
-        (
-            "EK axpy torch, side stream",
-            lambda: CB_AXPY(tx, ty, A),
-            lambda: torch.add(ty, tx, alpha=A),
-            in_torch_side,
-        ),
-        # CuPy arrays against CuPy's own calls
-        (
-            "add(a, b, out=c) cupy",
-            lambda: cb.add(cx, cy, out=cz),
-            lambda: cp.add(cx, cy, out=cz),
-            None,
-        ),
-        ("add(a, b) cupy", lambda: cb.add(cx, cy), lambda: cp.add(cx, cy), None),
-        (
-            "add(a, b, out=c) cupy, side stream",
-            lambda: cb.add(cx, cy, out=cz),
-            lambda: cp.add(cx, cy, out=cz),
-            in_cupy_side,
-        ),
-        (
-            "add(a, b) cupy, side stream",
-            lambda: cb.add(cx, cy),
-            lambda: cp.add(cx, cy),
-            in_cupy_side,
-        ),
-        (
-            "EK axpy out= cupy / CuPy's EK",
-            lambda: CB_AXPY(cx, cy, A, cz),
-            lambda: CP_AXPY(cx, cy, a32, cz),
-            None,
-        ),
-        (
-            "EK axpy cupy / CuPy's EK",
-            lambda: CB_AXPY(cx, cy, A),
-            lambda: CP_AXPY(cx, cy, a32),
-            None,
-        ),
-        (
-            "EK axpy out= cupy, side stream",
-            lambda: CB_AXPY(cx, cy, A, cz),
-            lambda: CP_AXPY(cx, cy, a32, cz),
-            in_cupy_side,
-        ),
+    sides = {"torch": lambda: torch.cuda.stream(torch_side), "cupy": lambda: cupy_side}
+    # Per library: its arrays, its add, and its one call for z = a * x + y (with and without z).
+    libs = {
+        "torch": ((tx, ty, tz), torch.add, lambda x, y, *z: torch.add(y, x, alpha=A, out=z[0])
+                  if z else torch.add(y, x, alpha=A)),
+        "cupy": ((cx, cy, cz), cp.add, lambda x, y, *z: CP_AXPY(x, y, a32, *z)),
+    }  # fmt: skip
+    out = []
+    for lib, ((x, y, z), add, axpy) in libs.items():
+        for where, context in (("", None), (", side stream", sides[lib])):
+            out += [
+                (f"add(a, b, out=c) {lib}{where}", lambda x=x, y=y, z=z: cb.add(x, y, out=z),
+                 lambda x=x, y=y, z=z, add=add: add(x, y, out=z), context),
+                (f"add(a, b) {lib}{where}", lambda x=x, y=y: cb.add(x, y),
+                 lambda x=x, y=y, add=add: add(x, y), context),
+                (f"EK axpy out= {lib}{where}", lambda x=x, y=y, z=z: CB_AXPY(x, y, A, z),
+                 lambda x=x, y=y, z=z, axpy=axpy: axpy(x, y, z), context),
+                (f"EK axpy {lib}{where}", lambda x=x, y=y: CB_AXPY(x, y, A),
+                 lambda x=x, y=y, axpy=axpy: axpy(x, y), context),
+            ]  # fmt: skip
+    return out + [
         # cubridge's own arrays, and the raw kernel against the elementwise one
-        (
-            "EK axpy out= cubridge / CuPy's EK on cupy",
-            lambda: CB_AXPY(bx, by, A, bz),
-            lambda: CP_AXPY(cx, cy, a32, cz),
-            None,
-        ),
-        (
-            "RawKernel axpy torch / EK axpy torch",
-            lambda: RAW_AXPY(4, 256, (tx, ty, tz, a32, n32)),
-            lambda: CB_AXPY(tx, ty, A, tz),
-            None,
-        ),
-    ]
+        ("EK axpy out= cubridge / CuPy's EK on cupy", lambda: CB_AXPY(bx, by, A, bz),
+         lambda: CP_AXPY(cx, cy, a32, cz), None),
+        ("RawKernel axpy torch / EK axpy torch", lambda: RAW_AXPY(4, 256, (tx, ty, tz, a32, n32)),
+         lambda: CB_AXPY(tx, ty, A, tz), None),
+    ]  # fmt: skip
 
 
 def timed(call, calls, context):

@@ -65,18 +65,6 @@ def test_numpy_outputs_the_short_way_refuses():
     np.testing.assert_array_equal(a, np.arange(6) * 2.0)
 
 
-def test_a_numpy_view_holds_its_array():
-    ref = np.arange(1000, dtype=np.int32)
-    ptr = ref.ctypes.data
-    view = cb.asarray(ref)
-    del ref
-    gc.collect()
-    junk = [np.full(1000, -1, np.int32) for _ in range(20)]
-    assert view.data_ptr == ptr
-    np.testing.assert_array_equal(view.to_numpy(), np.arange(1000, dtype=np.int32))
-    del junk
-
-
 @needs_torch
 @pytest.mark.parametrize(
     "dtype", ["float32", "float64", "float16", "bfloat16", "int8", "int64", "uint8", "bool"]
