@@ -48,7 +48,13 @@ pub struct WorkStreams(Vec<(usize, (u32, i32), Option<Stream>)>);
 
 impl WorkStreams {
     /// The current work stream of the producer of table `api` on `device`, asked once.
-    fn get(&mut self, api: &DLPackExchangeAPI, table: usize, device: DLDevice) -> Option<Stream> {
+    fn get(
+        &mut self,
+        py: Python<'_>,
+        api: &DLPackExchangeAPI,
+        table: usize,
+        device: DLDevice,
+    ) -> Option<Stream> {
         let key = (device.device_type.0, device.device_id);
         if let Some(&(_, _, s)) = self.0.iter().find(|(t, k, _)| *t == table && *k == key) {
             return s;
@@ -61,6 +67,8 @@ impl WorkStreams {
         let stream = if rc == 0 {
             Some(Stream::from_handle(raw as usize))
         } else {
+            // The producer set an exception; the owning export will give its answer.
+            let _ = PyErr::take(py);
             None
         };
         self.0.push((table, key, stream));
@@ -92,7 +100,7 @@ pub fn lend(
     }
     let checked = check(&descriptor(&t).ok()?).ok()?;
     let stream = match checked.device() {
-        Device::Cuda(_) => Some(streams.get(api, table, t.device)?),
+        Device::Cuda(_) => Some(streams.get(obj.py(), api, table, t.device)?),
         _ => None,
     };
     // SAFETY: DLPack's contract for a lent tensor: its memory is the object's while the object
