@@ -8,7 +8,8 @@ use crate::dtype::{DType, Kind};
 use crate::error::{Error, Result};
 use crate::layout::{Layout, MAX_NDIM};
 use crate::storage::{Buffer, HOST_ALIGN};
-use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
+use dlpark::ffi::DLTensor;
+use dlpark::{DlpackFlags, Managed, ManagedTensorBase, TensorRef};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -144,33 +145,54 @@ pub fn check(d: &Descriptor<'_>) -> Result<Checked> {
 /// exactly once, when the last array or export over the view goes, or at once if the descriptor
 /// is rejected.
 pub fn from_managed<M: ManagedTensorBase>(managed: Managed<M>) -> Result<Array> {
-    // SAFETY: Managed guarantees a live managed tensor; only `ndim` is read here, so that the
-    // shape array is never read for an absurd rank.
-    let ndim = unsafe { managed.tensor() }.ndim;
+    // SAFETY: Managed guarantees a live managed tensor.
+    check_rank(unsafe { managed.tensor() })?;
+    let readonly = managed.flags().contains(DlpackFlags::READ_ONLY);
+    let checked = check_tensor(&managed.validate().map_err(invalid_tensor)?, readonly)?;
+    // SAFETY: DLPack's contract: the memory stays valid until the deleter runs, which happens when
+    // the boxed AllocationDeleter is dropped.
+    Ok(unsafe { checked.into_array(Box::new(managed.into_deleter())) })
+}
+
+/// Checks a DLPack tensor lent for the duration of a call (no managed tensor, no flags), for a
+/// view whose memory the caller keeps valid.
+///
+/// # Safety
+/// `tensor`'s shape and strides pointers are readable for `ndim` entries during the call.
+pub unsafe fn check_dltensor(tensor: &DLTensor) -> Result<Checked> {
+    check_rank(tensor)?;
+    // SAFETY: the caller's contract.
+    let validated = unsafe { TensorRef::from_raw(tensor) }.map_err(invalid_tensor)?;
+    check_tensor(&validated, false)
+}
+
+/// Refuses an absurd rank, reading only `ndim` (never the shape array behind it).
+fn check_rank(tensor: &DLTensor) -> Result<()> {
+    let ndim = tensor.ndim;
     if !(0..=MAX_NDIM as i32).contains(&ndim) {
         return Err(Error::invalid(format!(
             "DLPack ndim {ndim} is outside 0..={MAX_NDIM}"
         )));
     }
-    let readonly = managed.flags().contains(DlpackFlags::READ_ONLY);
-    let checked = {
-        let tensor = managed
-            .validate()
-            .map_err(|e| Error::invalid(format!("invalid DLPack tensor: {e}")))?;
-        check(&Descriptor {
-            data: tensor.data_ptr() as usize,
-            byte_offset: tensor.byte_offset(),
-            shape: tensor.shape(),
-            strides: tensor.strides(),
-            dtype: DType::from_dlpack(tensor.dtype())?,
-            device: Device::from_dlpack(tensor.device())?,
-            readonly,
-            len_bytes: None,
-        })?
-    };
-    // SAFETY: DLPack's contract: the memory stays valid until the deleter runs, which happens when
-    // the boxed AllocationDeleter is dropped.
-    Ok(unsafe { checked.into_array(Box::new(managed.into_deleter())) })
+    Ok(())
+}
+
+fn invalid_tensor(e: dlpark::tensor::Error) -> Error {
+    Error::invalid(format!("invalid DLPack tensor: {e}"))
+}
+
+/// [`check`] of a DLPack tensor that dlpark validated structurally.
+fn check_tensor(tensor: &TensorRef<'_>, readonly: bool) -> Result<Checked> {
+    check(&Descriptor {
+        data: tensor.data_ptr() as usize,
+        byte_offset: tensor.byte_offset(),
+        shape: tensor.shape(),
+        strides: tensor.strides(),
+        dtype: DType::from_dlpack(tensor.dtype())?,
+        device: Device::from_dlpack(tensor.device())?,
+        readonly,
+        len_bytes: None,
+    })
 }
 
 #[cfg(test)]

@@ -194,7 +194,7 @@ pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
         readonly,
         len_bytes: None,
     };
-    let keepalive = Holder::new(obj);
+    let keepalive = super::Holder::new(obj);
     // SAFETY: the interface's contract: the memory stays valid while the exporting object lives,
     // and the view holds a strong reference to it.
     let array = unsafe { from_descriptor(&descriptor, Box::new(keepalive))? };
@@ -204,25 +204,4 @@ pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
         ordinal,
         version,
     }))
-}
-
-/// A Python object whose memory views hold it (a CUDA array interface's exporter, a tensor lent
-/// through the DLPack exchange table). Its reference is dropped with the interpreter attached,
-/// whatever thread drops the last view (the releaser of queued kernels' buffers has none), so
-/// the object goes at once rather than at some later call into cubridge; after the interpreter
-/// has finalized it is left alone.
-pub(crate) struct Holder(Option<Py<PyAny>>);
-
-impl Holder {
-    pub(crate) fn new(obj: &Bound<'_, PyAny>) -> Holder {
-        Holder(Some(obj.clone().unbind()))
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        if let Some(obj) = self.0.take() {
-            let _ = Python::try_attach(move |_| drop(obj));
-        }
-    }
 }

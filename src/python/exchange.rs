@@ -4,13 +4,11 @@
 //! device rather than once per operand (PyTorch's answer costs more than the lending). dlpark's
 //! `ExchangeApi` asks for the stream with every tensor it imports, so the table is called here.
 
-use super::cai::Holder;
+use super::Holder;
 use crate::array::Array;
 use crate::cuda::stream::Stream;
 use crate::device::Device;
-use crate::dtype::DType;
-use crate::error::Error;
-use crate::view::{check, Descriptor};
+use crate::view::check_dltensor;
 use dlpark::ffi::{
     DLDevice, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION,
 };
@@ -98,7 +96,9 @@ pub fn lend(
         let _ = PyErr::take(obj.py());
         return None;
     }
-    let checked = check(&descriptor(&t).ok()?).ok()?;
+    // SAFETY: the lent descriptor's shape and strides are the producer's until control returns
+    // to it, after this call.
+    let checked = unsafe { check_dltensor(&t) }.ok()?;
     let stream = match checked.device() {
         Device::Cuda(_) => Some(streams.get(obj.py(), api, table, t.device)?),
         _ => None,
@@ -107,31 +107,4 @@ pub fn lend(
     // lives, and the view holds a strong reference to the object.
     let array = unsafe { checked.into_array(Box::new(Holder::new(obj))) };
     Some((array, stream))
-}
-
-/// The descriptor of a lent `DLTensor`, whose shape and strides the producer owns until control
-/// returns to it.
-fn descriptor(t: &DLTensor) -> Result<Descriptor<'_>, Error> {
-    let ndim = usize::try_from(t.ndim)
-        .ok()
-        .filter(|&n| n <= crate::layout::MAX_NDIM)
-        .ok_or_else(|| Error::invalid(format!("DLPack ndim {} is out of range", t.ndim)))?;
-    if ndim > 0 && t.shape.is_null() {
-        return Err(Error::invalid("DLPack tensor has dimensions but no shape"));
-    }
-    let slice = |p: *mut i64| -> Option<&[i64]> {
-        // SAFETY: a DLTensor's non-NULL shape and strides hold `ndim` entries, valid until
-        // control returns to the producer, which outlasts the descriptor's use.
-        (!p.is_null() && ndim > 0).then(|| unsafe { std::slice::from_raw_parts(p, ndim) })
-    };
-    Ok(Descriptor {
-        data: t.data as usize,
-        byte_offset: t.byte_offset,
-        shape: slice(t.shape).unwrap_or(&[]),
-        strides: slice(t.strides),
-        dtype: DType::from_dlpack(t.dtype)?,
-        device: Device::from_dlpack(t.device)?,
-        readonly: false,
-        len_bytes: None,
-    })
 }

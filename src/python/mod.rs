@@ -60,3 +60,24 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // producers' deleters (see cuda::release).
     extension::register_shutdown(m)
 }
+
+/// A Python object whose memory views hold it (a CUDA array interface's exporter, a tensor lent
+/// through the DLPack exchange table). Its reference is dropped with the interpreter attached,
+/// whatever thread drops the last view (the releaser of queued kernels' buffers has none), so
+/// the object goes at once rather than at some later call into cubridge; after the interpreter
+/// has finalized it is left alone.
+pub(crate) struct Holder(Option<Py<PyAny>>);
+
+impl Holder {
+    pub(crate) fn new(obj: &Bound<'_, PyAny>) -> Holder {
+        Holder(Some(obj.clone().unbind()))
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            let _ = Python::try_attach(move |_| drop(obj));
+        }
+    }
+}

@@ -4,7 +4,7 @@
 //! hold and release; and numpy's scalars, read as `PyArrayScalar_VAL` reads them. The fields
 //! read here have the same place in numpy 1.x and 2.x.
 
-use super::cai::Holder;
+use super::Holder;
 use crate::array::Array;
 use crate::cpu::copy::read_scalar;
 use crate::cpu::element::Scalar;
