@@ -197,16 +197,6 @@ fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
     )))
 }
 
-/// A view of `obj` if it is exactly a `numpy.ndarray` that numpy's array object describes (see
-/// [`super::ndarray`]); `None` for anything else, which [`import`] answers.
-pub fn numpy_view(obj: &Bound<'_, PyAny>) -> Option<Array> {
-    if is_numpy_ndarray(obj) {
-        super::ndarray::import(obj)
-    } else {
-        None
-    }
-}
-
 /// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise).
 pub fn is_numpy_ndarray(obj: &Bound<'_, PyAny>) -> bool {
     static NDARRAY: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
@@ -346,9 +336,9 @@ pub fn exchanged(
 }
 
 /// A kernel operand through its CUDA array interface, where that is version 3 and the producer
-/// has no DLPack (Numba):
-/// the interface names the stream its pending writes are on (the producer's current stream),
-/// on which the kernel can run with no event between them, or none when nothing is pending.
+/// has no DLPack (Numba): the interface names the stream its pending writes are on (the
+/// producer's current stream), on which the kernel can run with no event between them, or none
+/// when nothing is pending.
 /// `None` for anything else (an exchange-table producer, JAX's version-2 interface), which
 /// [`import`] answers, as it does an interface it cannot read.
 pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
@@ -395,13 +385,9 @@ pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
         .ok()?
         .extract()
         .ok()?;
-    // The NULL stream is the legacy default stream; 1 and 2 name the legacy and per-thread
-    // default streams as DLPack does.
-    Some(if ptr == 0 {
-        crate::cuda::stream::LEGACY
-    } else {
-        Stream::from_handle(ptr)
-    })
+    // The NULL stream (0) is the legacy default stream; 1 and 2 name the legacy and per-thread
+    // default streams, as in DLPack.
+    Some(Stream::from_handle(ptr))
 }
 
 /// What `obj`'s type publishes of a DLPack C exchange table.

@@ -73,11 +73,14 @@ fn dtype_of(type_char: u8) -> Option<DType> {
     })
 }
 
-/// A view of `obj`, which must be exactly a `numpy.ndarray`, holding `obj`; `None` for what
-/// this reading does not cover (another dtype or byte order, strides that are not whole
+/// A view of `obj` if it is exactly a `numpy.ndarray`, holding `obj`; `None` for anything else
+/// and for what this reading does not cover (another dtype or byte order, strides that are not whole
 /// elements, more than [`MAX_DIMS`] dimensions), which the buffer protocol then answers.
 pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
-    // SAFETY: `obj` is exactly a numpy.ndarray (the caller's check), whose object starts with
+    if !super::import::is_numpy_ndarray(obj) {
+        return None;
+    }
+    // SAFETY: `obj` is exactly a numpy.ndarray (checked above), whose object starts with
     // the fields of `ArrayFields`, and whose descriptor starts with those of `DescrFields`;
     // numpy keeps both valid while the array lives, and the GIL is held.
     let (fields, descr) = unsafe {

@@ -3,8 +3,8 @@
 //! (the public [`AnyArray`]).
 
 use super::import::{
-    current_stream, exchanged, import, lent_cai, numpy_view, python_scalar, type_name,
-    typed_numpy_scalar, Exchanged,
+    current_stream, exchanged, import, lent_cai, python_scalar, type_name, typed_numpy_scalar,
+    Exchanged,
 };
 use super::stream::Use;
 use super::types::PyArray;
@@ -168,7 +168,7 @@ pub(crate) fn take_arrays(
             continue;
         };
         // numpy's arrays (host memory, no stream, never a copy) are read directly.
-        if let Some(array) = numpy_view(obj) {
+        if let Some(array) = super::ndarray::import(obj) {
             arrays[k] = Some(array);
             continue;
         }
