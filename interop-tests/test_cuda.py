@@ -877,8 +877,8 @@ try:
     cb.add(torch.ones(4, dtype=torch.int16, device="cuda"), torch.ones(4, dtype=torch.int32, device="cuda"))
     failures.append("int16 + int32 compiled although CUBRIDGE_NVRTC=0")
 except cb.CompileError as e:
-    if "CUBRIDGE_NVRTC=0" not in str(e):
-        failures.append("int16 + int32 error: " + str(e))
+    if "CUBRIDGE_NVRTC=0" not in str(e) or e.code is not None:
+        failures.append("int16 + int32 error: " + str(e) + f" (code {e.code})")
 print(json.dumps(failures))
 """
 

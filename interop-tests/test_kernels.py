@@ -383,10 +383,12 @@ def test_raw_kernel_errors_and_stream_order():
         k(1, (64, 32), (x, x, np.float32(1), np.int32(8)))
     with pytest.raises(ValueError, match="positive"):
         k(0, 32, (x, x, np.float32(1), np.int32(8)))
-    with pytest.raises(cb.CompileError, match="undefined"):
+    with pytest.raises(cb.CompileError, match="undefined") as compile_error:
         cb.RawKernel('extern "C" __global__ void f() { nope(); }', "f").compile()
-    with pytest.raises(cb.CudaError, match="NOT_FOUND"):
+    assert compile_error.value.code == 6  # NVRTC_ERROR_COMPILATION
+    with pytest.raises(cb.CudaError, match="NOT_FOUND") as driver_error:
         cb.RawKernel(SCALE, "missing").compile()
+    assert driver_error.value.code == 500  # CUDA_ERROR_NOT_FOUND
     with pytest.raises(ValueError, match="one CUDA device"):
         k(1, 32, (x, np.ones(8, np.float32), np.float32(1), np.int32(8)))
     # On a side stream behind a long kernel: the launch follows the write of x on that stream.

@@ -1,6 +1,8 @@
 //! The one error type of cubridge. Each variant carries the values that explain it; the Python
 //! layer maps every variant to one exception class in one place (`python/errors.rs`).
 
+use cudarc::driver::sys::CUresult;
+use cudarc::nvrtc::sys::nvrtcResult;
 use std::fmt;
 
 /// Everything that can go wrong in cubridge.
@@ -53,8 +55,9 @@ pub enum Error {
     CudaUnavailable(String),
     /// A CUDA driver call failed.
     Cuda {
-        /// The driver's name for the error code (for example `CUDA_ERROR_INVALID_VALUE`).
-        name: String,
+        /// The driver's result code; [`crate::cuda::is_capture_refusal`] and
+        /// [`crate::cuda::is_image_refusal`] classify it.
+        code: CUresult,
         /// What cubridge was doing.
         context: String,
     },
@@ -62,6 +65,9 @@ pub enum Error {
     Compile {
         /// The kernel that failed.
         kernel: String,
+        /// NVRTC's result code, where an NVRTC call failed (none where NVRTC could not be loaded
+        /// or run-time compilation is off).
+        code: Option<nvrtcResult>,
         /// The NVRTC program log.
         log: String,
     },
@@ -74,6 +80,14 @@ impl Error {
     /// Shorthand for [`Error::Invalid`].
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::Invalid(message.into())
+    }
+
+    /// The CUDA driver's result code of a failed driver call.
+    pub fn cuda_code(&self) -> Option<CUresult> {
+        match self {
+            Error::Cuda { code, .. } => Some(*code),
+            _ => None,
+        }
     }
 }
 
@@ -104,8 +118,9 @@ impl fmt::Display for Error {
                 write!(f, "could not allocate {bytes} bytes on {device}")
             }
             Error::CudaUnavailable(why) => write!(f, "CUDA is not available: {why}"),
-            Error::Cuda { name, context } => write!(f, "{name} while {context}"),
-            Error::Compile { kernel, log } => {
+            // The code's name is the driver's (`CUDA_ERROR_INVALID_VALUE`).
+            Error::Cuda { code, context } => write!(f, "{code:?} while {context}"),
+            Error::Compile { kernel, log, .. } => {
                 write!(f, "NVRTC could not compile {kernel}:\n{log}")
             }
         }
@@ -135,6 +150,23 @@ mod tests {
         assert_eq!(shape_str(&[]), "()");
         assert_eq!(shape_str(&[4]), "(4,)");
         assert_eq!(shape_str(&[2, 3]), "(2, 3)");
+    }
+
+    #[test]
+    fn cuda_errors_keep_and_name_their_code() {
+        let e = Error::Cuda {
+            code: CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            context: "recording an event".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED while recording an event"
+        );
+        assert_eq!(
+            e.cuda_code(),
+            Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        );
+        assert_eq!(Error::invalid("x").cuda_code(), None);
     }
 
     #[test]

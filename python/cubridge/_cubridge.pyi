@@ -8,8 +8,12 @@ from typing_extensions import CapsuleType
 
 __version__: str
 
-class CudaError(RuntimeError): ...
-class CompileError(RuntimeError): ...
+class CudaError(RuntimeError):
+    code: int
+
+class CompileError(RuntimeError):
+    code: int | None
+
 class CudaUnavailableError(RuntimeError): ...
 
 @final

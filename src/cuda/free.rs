@@ -201,8 +201,8 @@ fn run(jobs: Vec<Job>) {
         if !waited.contains(&ordinal) {
             // Refused while a capture runs (one cubridge did not see begin): wait it out. Any
             // other error means the context is unusable: nothing runs on it any more.
-            while let Err(crate::Error::Cuda { name, .. }) = context::synchronize(ordinal) {
-                if !name.contains("CAPTURE") {
+            while let Err(e) = context::synchronize(ordinal) {
+                if !e.cuda_code().is_some_and(super::is_capture_refusal) {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(1));

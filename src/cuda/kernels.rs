@@ -175,18 +175,27 @@ fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
         )
     };
     let (source, options) = (&program.source, &program.options);
-    let shipped = super::shipped::find(&nvrtc::key(source, options), arch);
+    let shipped = || match super::shipped::find(&nvrtc::key(source, options), arch) {
+        Some(image) => refused_as_none(load_image(image)),
+        None => Ok(None),
+    };
     let cached = || {
-        let entry = nvrtc::cache_entry(source, options, arch)?;
-        let image = entry.read()?;
-        load_image(&image)
-            .inspect_err(|e| entry.discard(&e.to_string()))
-            .ok()
+        let Some(entry) = nvrtc::cache_entry(source, options, arch) else {
+            return Ok(None);
+        };
+        let Some(image) = entry.read() else {
+            return Ok(None);
+        };
+        refused_as_none(load_image(&image).inspect_err(|e| {
+            if e.cuda_code().is_some_and(super::is_image_refusal) {
+                entry.discard(&e.to_string());
+            }
+        }))
     };
     let started = std::time::Instant::now();
-    let (loaded, how) = match shipped.map(load_image) {
-        Some(Ok(module)) => (module, "shipped"),
-        _ => match cached() {
+    let (loaded, how) = match shipped()? {
+        Some(module) => (module, "shipped"),
+        None => match cached()? {
             Some(module) => (module, "disk cache"),
             None => {
                 nvrtc::ensure_loaded()?;
@@ -212,6 +221,16 @@ fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
         found.push(f as usize);
     }
     Ok(Vec::leak(found))
+}
+
+/// A module the driver loaded, `None` for an image it refused as such (code for another
+/// architecture, PTX newer than the driver: a compile may still serve), or any other error.
+fn refused_as_none(loaded: Result<sys::CUmodule>) -> Result<Option<sys::CUmodule>> {
+    match loaded {
+        Ok(module) => Ok(Some(module)),
+        Err(e) if e.cuda_code().is_some_and(super::is_image_refusal) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// With `CUBRIDGE_TRACE_LOADS` set, one line on stderr per step of loading a module: where

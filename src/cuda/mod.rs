@@ -32,17 +32,14 @@ fn probe() -> &'static Option<String> {
             return Some("no CUDA driver library (libcuda) was found".into());
         }
         if let Err(e) = cudarc::driver::result::init() {
-            return Some(format!(
-                "the CUDA driver failed to initialise ({})",
-                name(&e)
-            ));
+            return Some(format!("the CUDA driver failed to initialise ({:?})", e.0));
         }
         match cudarc::driver::result::device::get_count() {
             Ok(n) if n > 0 => None,
             Ok(_) => Some("the CUDA driver reports no devices".into()),
             Err(e) => Some(format!(
-                "the CUDA driver could not count devices ({})",
-                name(&e)
+                "the CUDA driver could not count devices ({:?})",
+                e.0
             )),
         }
     })
@@ -101,11 +98,39 @@ pub fn unavailable_for(what: &str) -> Error {
     Error::CudaUnavailable(format!("{what} runs on CUDA devices, but {why}"))
 }
 
-/// The driver's name for an error code (`CUDA_ERROR_...`).
-pub fn name(e: &DriverError) -> String {
-    e.error_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("CUDA error {}", e.0 as u32))
+/// Whether the driver refused a call only because a graph is being captured (the call is not
+/// allowed in the capture's mode, or would have joined work outside the capture).
+pub fn is_capture_refusal(code: sys::CUresult) -> bool {
+    use sys::CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            | CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+            | CUDA_ERROR_STREAM_CAPTURE_MERGE
+            | CUDA_ERROR_STREAM_CAPTURE_UNMATCHED
+            | CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+            | CUDA_ERROR_STREAM_CAPTURE_ISOLATION
+            | CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+            | CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+            | CUDA_ERROR_CAPTURED_EVENT
+    )
+}
+
+/// Whether the driver refused a module image itself (code for another architecture, PTX newer
+/// than the driver, a damaged file), so that a compile for this device may still load.
+pub fn is_image_refusal(code: sys::CUresult) -> bool {
+    use sys::CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_INVALID_IMAGE
+            | CUDA_ERROR_NO_BINARY_FOR_GPU
+            | CUDA_ERROR_INVALID_PTX
+            | CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+            | CUDA_ERROR_JIT_COMPILER_NOT_FOUND
+            | CUDA_ERROR_JIT_COMPILATION_DISABLED
+            | CUDA_ERROR_INVALID_SOURCE
+            | CUDA_ERROR_SHARED_OBJECT_INIT_FAILED
+    )
 }
 
 /// Converts a driver result, naming what cubridge was doing.
@@ -118,9 +143,26 @@ pub fn check<T>(r: std::result::Result<T, DriverError>, context: &str) -> Result
             }
         } else {
             Error::Cuda {
-                name: name(&e),
+                code: e.0,
                 context: context.to_string(),
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::CUresult::*;
+
+    #[test]
+    fn refusals_are_told_by_code() {
+        assert!(is_capture_refusal(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+        assert!(is_capture_refusal(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+        assert!(!is_capture_refusal(CUDA_ERROR_INVALID_VALUE));
+        assert!(is_image_refusal(CUDA_ERROR_NO_BINARY_FOR_GPU));
+        assert!(is_image_refusal(CUDA_ERROR_UNSUPPORTED_PTX_VERSION));
+        assert!(!is_image_refusal(CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(!is_image_refusal(CUDA_ERROR_ILLEGAL_ADDRESS));
+    }
 }

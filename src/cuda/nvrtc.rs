@@ -96,6 +96,7 @@ pub(crate) fn ensure_loaded() -> Result<()> {
         .clone()
         .map_err(|log| Error::Compile {
             kernel: "(loading NVRTC)".into(),
+            code: None,
             log,
         })
 }
@@ -156,27 +157,29 @@ pub enum Target {
 
 /// The architectures the loaded NVRTC compiles for (e.g. 75, 80, ..., 120).
 fn supported_archs() -> Result<&'static [u32]> {
-    static ARCHS: OnceLock<std::result::Result<Vec<u32>, String>> = OnceLock::new();
+    static ARCHS: OnceLock<std::result::Result<Vec<u32>, result::NvrtcError>> = OnceLock::new();
     ensure_loaded()?;
     ARCHS
         .get_or_init(|| {
             let mut n: std::ffi::c_int = 0;
             // SAFETY: NVRTC is loaded; `n` is a valid out-pointer.
-            unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) }
-                .result()
-                .map_err(|e| format!("{e:?}"))?;
+            unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) }.result()?;
             let mut archs: Vec<std::ffi::c_int> = vec![0; n.max(0) as usize];
             // SAFETY: `archs` has room for the `n` entries NVRTC writes.
-            unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
-                .result()
-                .map_err(|e| format!("{e:?}"))?;
+            unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }.result()?;
             Ok(archs.into_iter().map(|a| a as u32).collect())
         })
         .as_deref()
-        .map_err(|log| Error::Compile {
-            kernel: "(asking NVRTC for its architectures)".into(),
-            log: log.clone(),
-        })
+        .map_err(|e| failed("(asking NVRTC for its architectures)", *e, ""))
+}
+
+/// The error of a failed NVRTC call for `kernel`, keeping NVRTC's code.
+fn failed(kernel: &str, e: result::NvrtcError, what: &str) -> Error {
+    Error::Compile {
+        kernel: kernel.to_string(),
+        code: Some(e.0),
+        log: format!("{what}{:?}", e.0),
+    }
 }
 
 /// The target for a device of compute capability `arch`: its machine code where NVRTC knows the
@@ -194,6 +197,7 @@ fn target_for(arch: u32) -> Result<Target> {
         .map(Target::Ptx)
         .ok_or_else(|| Error::Compile {
             kernel: "(choosing an architecture)".into(),
+            code: None,
             log: format!(
                 "the NVRTC found compiles for {archs:?}, none of them at or below this device's \
                  compute capability {}.{}",
@@ -222,6 +226,7 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
     if disabled() {
         return Err(Error::Compile {
             kernel: name.to_string(),
+            code: None,
             log: format!(
                 "run-time compilation is off (CUBRIDGE_NVRTC=0), and no kernel for compute \
                  capability {}.{} was shipped in this build or is in the disk cache",
@@ -281,10 +286,8 @@ pub fn compile_for(source: &str, name: &str, target: Target, extra: &[String]) -
         return Err(nul("an option"));
     }
     let program = Program(
-        result::create_program(&c_source, Some(&c_file)).map_err(|e| Error::Compile {
-            kernel: name.to_string(),
-            log: format!("NVRTC could not create the program: {e:?}"),
-        })?,
+        result::create_program(&c_source, Some(&c_file))
+            .map_err(|e| failed(name, e, "NVRTC could not create the program: "))?,
     );
     // SAFETY: the program is live; no option holds a NUL (checked above).
     if let Err(e) = unsafe { result::compile_program(program.0, &options) } {
@@ -301,12 +304,16 @@ pub fn compile_for(source: &str, name: &str, target: Target, extra: &[String]) -
             .unwrap_or_else(|_| format!("{e:?}"));
         return Err(Error::Compile {
             kernel: name.to_string(),
+            code: Some(e.0),
             log: with_source_lines(&log, &file, source),
         });
     }
-    let fetch_failed = |e: result::NvrtcError| Error::Compile {
-        kernel: name.to_string(),
-        log: format!("NVRTC compiled the program but did not hand back its code: {e:?}"),
+    let fetch_failed = |e: result::NvrtcError| {
+        failed(
+            name,
+            e,
+            "NVRTC compiled the program but did not hand back its code: ",
+        )
     };
     match target {
         Target::Cubin(_) => {

@@ -279,7 +279,7 @@ fn record_legacy_events(entries: &mut [Pending]) {
                 let _restore = super::context::Restore::new();
                 let event = Event::record(LEGACY, ordinal)
                     .map(Arc::new)
-                    .map_err(|e| !is_capture_refusal(&e));
+                    .map_err(|e| !e.cuda_code().is_some_and(super::is_capture_refusal));
                 recorded.push((ordinal, event.clone()));
                 event
             }
@@ -289,11 +289,6 @@ fn record_legacy_events(entries: &mut [Pending]) {
             Err(lost) => entry.context_lost = lost,
         }
     }
-}
-
-/// Whether a driver call was refused only because a graph is being captured.
-fn is_capture_refusal(e: &crate::Error) -> bool {
-    matches!(e, crate::Error::Cuda { name, .. } if name.contains("CAPTURE"))
 }
 
 /// Whether the kernel of `entry` has run (an entry without an event has run only when its

@@ -11,13 +11,15 @@ create_exception!(
     cubridge,
     CudaError,
     PyRuntimeError,
-    "A CUDA driver call failed; the message starts with the driver's name for the error."
+    "A CUDA driver call failed; the message starts with the driver's name for the error, and \
+     `code` is its CUresult."
 );
 create_exception!(
     cubridge,
     CompileError,
     PyRuntimeError,
-    "NVRTC could not compile a kernel; the message carries the compiler log."
+    "NVRTC could not compile a kernel; the message carries the compiler log, and `code` is \
+     NVRTC's nvrtcResult (None where NVRTC could not be loaded or compiling is off)."
 );
 create_exception!(
     cubridge,
@@ -42,10 +44,23 @@ impl From<Error> for PyErr {
             Error::Export(_) => PyBufferError::new_err(message),
             Error::OutOfMemory { .. } => PyMemoryError::new_err(message),
             Error::CudaUnavailable(_) => CudaUnavailableError::new_err(message),
-            Error::Cuda { .. } => CudaError::new_err(message),
-            Error::Compile { .. } => CompileError::new_err(message),
+            Error::Cuda { code, .. } => with_code(CudaError::new_err(message), Some(code as i64)),
+            Error::Compile { code, .. } => {
+                with_code(CompileError::new_err(message), code.map(|c| c as i64))
+            }
         }
     }
+}
+
+/// Sets the exception's `code`: the driver's or NVRTC's result code, `None` where no call of
+/// theirs failed.
+fn with_code(err: PyErr, code: Option<i64>) -> PyErr {
+    Python::attach(|py| {
+        // Setting an attribute of a fresh exception instance fails only without memory; the
+        // exception is still the right one then.
+        let _ = err.value(py).setattr("code", code);
+        err
+    })
 }
 
 /// Adds the exception classes to the module.
