@@ -369,6 +369,51 @@ def test_arrays_dropped_during_a_capture_are_freed_after_it():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_a_side_stream_call_beside_another_threads_capture_leaves_it_valid():
+    """Operands written on another stream, done but not yet seen done, are asked about (and then
+    not waited for) while another thread captures a graph in the global mode: the capture must
+    stay valid and both results right."""
+    n = 1 << 16
+    t = torch.ones(n, device="cuda")
+    first, side = torch.cuda.Stream(), torch.cuda.Stream()
+    x = cb.add(t, t, stream=first)
+    z = cb.add(t, t, stream=first)
+    first.synchronize()
+    capturing, called = threading.Event(), threading.Event()
+    outcome = {}
+
+    def capture():
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):  # the global capture mode, torch's default
+                y = t * 3
+                capturing.set()
+                called.wait(20)
+                y = y + 1
+            g.replay()
+            torch.cuda.synchronize()
+            outcome["y"] = y.cpu()
+        except Exception as e:  # noqa: BLE001 - reported below
+            outcome["error"] = repr(e)
+            capturing.set()
+
+    worker = threading.Thread(target=capture)
+    worker.start()
+    assert capturing.wait(20)
+    try:
+        cb.add(x, x, out=z, stream=side)
+    finally:
+        called.set()
+        worker.join()
+    assert "error" not in outcome, outcome
+    assert torch.equal(outcome["y"], torch.full((n,), 4.0))
+    side.synchronize()
+    assert torch.equal(torch.from_dlpack(z).cpu(), torch.full((n,), 4.0))
+    settle()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_adds_from_threads_on_their_own_streams_allocate_and_free_correctly():
     errors = []
 

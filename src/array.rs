@@ -224,7 +224,11 @@ impl Array {
             // from any thread. (Other handles are not trusted that way: a destroyed stream's
             // handle may be reused by a new one.)
             Some(w) if consumer == w.stream && consumer == crate::cuda::stream::LEGACY => Ok(()),
-            Some(_) => match self.pending()? {
+            // Work seen done needs no wait: asking costs less than waiting, and once seen done
+            // nothing is asked again. Work on the consumer's own stream is waited for without
+            // asking (it is most often the work queued just before).
+            Some(w) => match self.pending()? {
+                Some(event) if w.stream != consumer && event.is_done() => Ok(()),
                 Some(event) => event.wait(consumer),
                 None => Ok(()),
             },

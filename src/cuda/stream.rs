@@ -89,6 +89,8 @@ pub fn order(consumer: Stream, producer: Stream, ordinal: u32) -> Result<()> {
 pub struct Event {
     raw: usize,
     ordinal: u32,
+    /// Seen done by [`Event::is_done`] (an event is recorded once, so it stays done).
+    done: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: an event handle may be used from any thread with its context bound.
@@ -122,6 +124,7 @@ impl Event {
         let event = Event {
             raw: raw as usize,
             ordinal,
+            done: std::sync::atomic::AtomicBool::new(false),
         };
         // SAFETY: a live event of this context; `stream` is live (the caller is using it now).
         let recorded = unsafe { result::event::record(raw, stream.handle()) };
@@ -156,11 +159,20 @@ impl Event {
     }
 
     /// Whether the work before the event is done (an error counts as done: nothing more will
-    /// happen on its account).
+    /// happen on its account). Once seen done, the answer costs no driver call. Asked in the
+    /// relaxed capture mode: a query is refused, and invalidates the capture, while a graph is
+    /// captured in the global mode (on this thread or another).
     pub fn is_done(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.done.load(Ordering::Relaxed) {
+            return true;
+        }
+        let _relaxed = RelaxedCapture::new();
         // SAFETY: a live event; querying needs no current context.
         let r = unsafe { sys::cuEventQuery(self.raw as sys::CUevent) };
-        r != sys::CUresult::CUDA_ERROR_NOT_READY
+        let done = r != sys::CUresult::CUDA_ERROR_NOT_READY;
+        self.done.store(done, Ordering::Relaxed);
+        done
     }
 }
 
