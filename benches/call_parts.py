@@ -5,7 +5,8 @@ exchange-table export through ctypes, `is_neg()`, `requires_grad`; CuPy's curren
 `__dlpack__`), with the driver's launch of an empty kernel through ctypes for scale, and the
 driver calls that a call on a side stream adds (capture query, event record and wait, an
 allocation freed on another stream after an event), with the device pool's reuse of completed
-frees switched off for comparison. Mean wall
+frees switched off for comparison (the pool then stops reusing the results' blocks and grows:
+see pool_reuse.py). Mean wall
 time per call over 20000 calls after 2000 warm-up calls, 2^10 float32, best of 3 repeats.
 
     python benches/call_parts.py
@@ -141,7 +142,7 @@ def main():
     timed("cb.empty(n) then dropped, legacy stream", lambda: cb.empty(N, device="cuda"))
     with pool_reuse_of_completed_frees(False):
         timed(
-            "cb.add(a, b, stream=side), the pool's opportunistic reuse off",
+            "cb.add(a, b, stream=side), opportunistic reuse off (the pool grows)",
             lambda: cb.add(bx, by, stream=side),
         )
     with torch.cuda.stream(side):
