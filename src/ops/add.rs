@@ -153,28 +153,13 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     let lead = walked.len() - 1;
     let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
     let plan = Plan::new(out.shape(), n, walked, Some(lead), width, true);
-    let index = plan.index;
-    let flat = |part| {
-        let function = kernels::add(ordinal, dtypes, second, index, part)?;
-        Kernel::flat(function, &plan, ordinal, width)
-    };
-    let kernel = match plan.variant {
-        Variant::Vector => flat(AddPart::Vector)?,
-        Variant::Contiguous => flat(AddPart::Contiguous)?,
-        Variant::Strided => flat(AddPart::Strided)?,
-        Variant::Tiled { mask } => {
-            let tiled = kernels::add_tiled(ordinal, dtypes, second, index)?;
-            // The walked operands are a, b (unless a value), out: the plan's mask has a's bit 0
-            // and b's bit 1, as the kernel's.
-            params::tiled_kernel(
-                (tiled.function, tiled.pairs),
-                &plan,
-                mask,
-                (a, b_array, b_dtype),
-                &out,
-            )
-        }
-    };
+    let kernel = add_kernel(
+        ordinal,
+        &plan,
+        (dtypes, second),
+        (a, b_array, b_dtype),
+        &out,
+    )?;
     // SAFETY: add's kernels take the parameters of their variant as kernels/abi.cuh lays them
     // out for a, b (a pointer or CbStrided, or for Second::Value the element's bytes, which is
     // the kernel's `Splat` parameter), out (kernels::add_program writes them so), and the
@@ -196,6 +181,39 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     };
     launch.finish(&inputs, &[&out])?;
     Ok(out)
+}
+
+/// add's kernel for the plan's variant and index width on `ordinal`, for operands `a`, `b` (none
+/// for a value, with its dtype) and `out` of `dtypes`.
+fn add_kernel(
+    ordinal: u32,
+    plan: &Plan,
+    (dtypes, second): ([DType; 3], kernels::Second),
+    (a, b, b_dtype): (&Array, Option<&Array>, DType),
+    out: &Array,
+) -> Result<Kernel> {
+    let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
+    let flat = |part| {
+        let function = kernels::add(ordinal, dtypes, second, plan.index, part)?;
+        Kernel::flat(function, plan, ordinal, width)
+    };
+    Ok(match plan.variant {
+        Variant::Vector => flat(AddPart::Vector)?,
+        Variant::Contiguous => flat(AddPart::Contiguous)?,
+        Variant::Strided => flat(AddPart::Strided)?,
+        Variant::Tiled { mask } => {
+            let tiled = kernels::add_tiled(ordinal, dtypes, second, plan.index)?;
+            // The walked operands are a, b (unless a value), out: the plan's mask has a's bit 0
+            // and b's bit 1, as the kernel's.
+            params::tiled_kernel(
+                (tiled.function, tiled.pairs),
+                plan,
+                mask,
+                (a, b, b_dtype),
+                out,
+            )
+        }
+    })
 }
 
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the

@@ -24,6 +24,35 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
+/// The one CUDA device of a kernel's arrays (the current device when there are none), each
+/// given with its parameter's index, which `name` turns into its name for errors. `kernel` names
+/// the kernel and `kind` says what kind it is ("elementwise", "raw").
+pub fn kernel_device<'a>(
+    (kernel, kind): (&str, &str),
+    arrays: impl Iterator<Item = (usize, &'a Array)> + Clone,
+    name: impl Fn(usize) -> String,
+) -> Result<Device> {
+    let device = match arrays.clone().next() {
+        Some((_, a)) => a.device(),
+        None => crate::cuda::current_device()?,
+    };
+    let runs_on = match device {
+        Device::Cuda(_) => device.to_string(),
+        _ => "a CUDA device".to_string(),
+    };
+    for (k, a) in arrays {
+        if a.device() != device || !matches!(a.device(), Device::Cuda(_)) {
+            return Err(Error::invalid(format!(
+                "{kernel}: {} is on {}, but the kernel runs on {runs_on} ({kind} kernels run on \
+                 one CUDA device)",
+                name(k),
+                a.device()
+            )));
+        }
+    }
+    Ok(device)
+}
+
 /// Work about to be queued on one stream of one CUDA device. Made with [`Launch::begin`] before
 /// the work's results are allocated ([`Launch::empty`]), told the operands with
 /// [`Launch::order`], and closed with [`Launch::finish`] once the work is queued.

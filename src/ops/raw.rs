@@ -124,22 +124,7 @@ impl RawKernel {
         if !crate::cuda::is_available() {
             return Err(crate::cuda::unavailable_for(&self.program.name));
         }
-        if grid.contains(&0) || block.contains(&0) {
-            return Err(Error::invalid(format!(
-                "grid {grid:?} and block {block:?} must be at least 1 in every dimension"
-            )));
-        }
-        let threads = block.iter().map(|&b| b as u64).product::<u64>();
-        if threads > 1024 || block[2] > 64 {
-            return Err(Error::invalid(format!(
-                "block {block:?} has {threads} threads; CUDA allows at most 1024 (and 64 along z)"
-            )));
-        }
-        if grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
-            return Err(Error::invalid(format!(
-                "grid {grid:?} is too large (at most 2^31 - 1 along x, 65535 along y and z)"
-            )));
-        }
+        check_configuration(grid, block)?;
         let arrays: Vec<&Array> = args
             .iter()
             .filter_map(|a| match a {
@@ -147,20 +132,11 @@ impl RawKernel {
                 RawArg::Value(..) => None,
             })
             .collect();
-        let device = match arrays.first() {
-            Some(a) => a.device(),
-            None => crate::cuda::current_device()?,
-        };
-        for (k, a) in arrays.iter().enumerate() {
-            if a.device() != device || !matches!(a.device(), Device::Cuda(_)) {
-                return Err(Error::invalid(format!(
-                    "{}: array argument {k} is on {}; a raw kernel's arrays must all be on one \
-                     CUDA device (the first is on {device})",
-                    self.program.name,
-                    a.device()
-                )));
-            }
-        }
+        let device = crate::ops::launch::kernel_device(
+            (&self.program.name, "raw"),
+            arrays.iter().copied().enumerate(),
+            |k| format!("array argument {k}"),
+        )?;
         let launch = Launch::begin(device, stream)?;
         let function = self.function(launch.ordinal(), shared)?;
         launch.order(&arrays)?;
@@ -193,4 +169,26 @@ impl RawKernel {
         };
         launch.finish(&[], &arrays)
     }
+}
+
+/// Refuses a launch configuration CUDA would refuse: an empty grid or block, more than 1024
+/// threads a block (64 along z), or a grid past CUDA's limits.
+fn check_configuration(grid: [u32; 3], block: [u32; 3]) -> Result<()> {
+    if grid.contains(&0) || block.contains(&0) {
+        return Err(Error::invalid(format!(
+            "grid {grid:?} and block {block:?} must be at least 1 in every dimension"
+        )));
+    }
+    let threads = block.iter().map(|&b| b as u64).product::<u64>();
+    if threads > 1024 || block[2] > 64 {
+        return Err(Error::invalid(format!(
+            "block {block:?} has {threads} threads; CUDA allows at most 1024 (and 64 along z)"
+        )));
+    }
+    if grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
+        return Err(Error::invalid(format!(
+            "grid {grid:?} is too large (at most 2^31 - 1 along x, 65535 along y and z)"
+        )));
+    }
+    Ok(())
 }

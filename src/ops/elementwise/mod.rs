@@ -101,10 +101,36 @@ impl ElementwiseKernel {
         stream: Stream,
         size: Option<usize>,
     ) -> Result<Vec<Array>> {
-        let spec = &self.spec;
         if !crate::cuda::is_available() {
-            return Err(crate::cuda::unavailable_for(&spec.name));
+            return Err(crate::cuda::unavailable_for(&self.spec.name));
         }
+        let call = self.bind(inputs, outputs)?;
+        let device = call.device()?;
+        let shape = call.loop_shape(size)?;
+        call.check_outputs(&shape)?;
+        let launch = Launch::begin(device, stream)?;
+        let ordinal = launch.ordinal();
+        // Compiled before anything is allocated: a compile error leaves nothing behind.
+        let compiled = self.functions(ordinal, &call.dtypes, &call.roles)?;
+        let outs = call.allocate_outputs(&launch, &shape)?;
+        if shape.iter().product::<usize>() == 0 {
+            return Ok(outs);
+        }
+        let operands = call.operands(&outs, &shape)?;
+        let all: Vec<&Array> = operands.iter().flatten().map(|a| &**a).collect();
+        launch.order(&all)?;
+        // SAFETY: the caller's contract (the operation); `launch` ordered every operand.
+        unsafe { self.run(&call, &launch, compiled, &operands, &shape)? };
+        // `all` is the input arrays, then the outputs.
+        let (input_arrays, output_arrays) = all.split_at(all.len() - outs.len());
+        launch.finish(input_arrays, output_arrays)?;
+        drop(operands);
+        Ok(outs)
+    }
+
+    /// Binds a call's arguments to the parameters: each one's role and dtype.
+    fn bind<'a>(&'a self, inputs: &'a [Arg], outputs: &'a [Option<Array>]) -> Result<Call<'a>> {
+        let spec = &self.spec;
         let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
         if inputs.len() != nin || outputs.len() != nout {
             return Err(Error::invalid(format!(
@@ -114,232 +140,72 @@ impl ElementwiseKernel {
                 outputs.iter().filter(|o| o.is_some()).count()
             )));
         }
-        let param = |k: usize| {
-            if k < nin {
-                &spec.inputs[k]
-            } else {
-                &spec.outputs[k - nin]
-            }
+        let mut call = Call {
+            kernel: self,
+            inputs,
+            outputs,
+            roles: Vec::with_capacity(nin + nout),
+            dtypes: Vec::new(),
         };
-        let array = |k: usize| -> Option<&Array> {
-            match inputs.get(k) {
-                Some(Arg::Array(a)) => Some(a),
-                Some(Arg::Value(..)) => None,
-                None => outputs[k - nin].as_ref(),
-            }
-        };
-        // Per parameter: its role, the dtype of the array passed for it, and that of a scalar.
-        let mut roles = Vec::with_capacity(nin + nout);
+        // Per parameter: the dtype of the array passed for it, and that of a scalar.
         let mut given = Vec::with_capacity(nin + nout);
         let mut scalars = vec![None; nin + nout];
         for (k, arg) in inputs.iter().enumerate() {
-            let raw = self.raw[k];
-            match arg {
-                Arg::Array(a) => {
-                    roles.push(if raw { Role::Raw } else { Role::Element });
-                    given.push(Some(a.dtype()));
-                }
-                Arg::Value(v, d) => {
-                    if raw {
-                        return Err(Error::invalid(format!(
-                            "{}: raw parameter {} needs an array, not a scalar",
-                            spec.name,
-                            param(k).name
-                        )));
-                    }
-                    roles.push(Role::Value);
-                    given.push(None);
-                    scalars[k] = Some(d.unwrap_or(v.default_dtype()));
-                }
+            let (role, dtype) = call.input_role(k, arg)?;
+            call.roles.push(role);
+            given.push(dtype);
+            if let Arg::Value(v, d) = arg {
+                scalars[k] = Some(d.unwrap_or(v.default_dtype()));
             }
         }
         for (j, out) in outputs.iter().enumerate() {
-            let raw = self.raw[nin + j];
-            if out.is_none() && raw {
-                return Err(Error::invalid(format!(
-                    "{}: raw output {} must be passed (its shape is not the loop's)",
-                    spec.name,
-                    param(nin + j).name
-                )));
-            }
-            roles.push(if raw { Role::Raw } else { Role::Element });
+            call.roles.push(call.output_role(j, out)?);
             given.push(out.as_ref().map(|o| o.dtype()));
         }
-        let dtypes = spec.bind(&given, &scalars)?;
+        call.dtypes = spec.bind(&given, &scalars)?;
         for (k, arg) in inputs.iter().enumerate() {
             if let Arg::Value(v, _) = arg {
-                crate::ops::create::check_value_kind(*v, dtypes[k], "an elementwise kernel")?;
+                crate::ops::create::check_value_kind(*v, call.dtypes[k], "an elementwise kernel")?;
             }
         }
+        Ok(call)
+    }
 
-        // One CUDA device for every array.
-        let device = match (0..nin + nout).find_map(array) {
-            Some(a) => a.device(),
-            None => crate::cuda::current_device()?,
-        };
-        for k in 0..nin + nout {
-            let Some(a) = array(k) else { continue };
-            if !matches!(a.device(), Device::Cuda(_)) || a.device() != device {
-                return Err(Error::invalid(format!(
-                    "{}: {} is on {}, but the kernel runs on {} (elementwise kernels run on one \
-                     CUDA device)",
-                    spec.name,
-                    param(k).name,
-                    a.device(),
-                    if matches!(device, Device::Cuda(_)) {
-                        device.to_string()
-                    } else {
-                        "a CUDA device".to_string()
-                    }
-                )));
-            }
-        }
-
-        // The loop's shape: the broadcast of every element operand.
-        let mut shape: Option<Vec<usize>> = None;
-        for (k, role) in roles.iter().enumerate() {
-            if let (Some(a), Role::Element) = (array(k), role) {
-                shape = Some(match shape {
-                    None => a.shape().to_vec(),
-                    Some(s) if s == a.shape() => s,
-                    Some(s) => broadcast_shapes(&s, a.shape())?,
-                });
-            }
-        }
-        let shape = match (shape, size) {
-            (Some(s), None) => s,
-            (Some(s), Some(size)) if s.iter().product::<usize>() == size => s,
-            (Some(s), Some(size)) => {
-                return Err(Error::invalid(format!(
-                    "{}: size={size}, but the arrays broadcast to {} elements",
-                    spec.name,
-                    s.iter().product::<usize>()
-                )))
-            }
-            (None, Some(size)) => vec![size],
-            (None, None) => {
-                return Err(Error::invalid(format!(
-                    "{}: no array sets the number of indices; pass size=",
-                    spec.name
-                )))
-            }
-        };
-        if outputs.iter().any(Option::is_some) {
-            let element_inputs: Vec<&Array> = (0..nin)
-                .filter(|&k| roles[k] == Role::Element)
-                .filter_map(array)
-                .collect();
-            for (j, out) in outputs.iter().enumerate() {
-                if let (Some(out), Role::Element) = (out, roles[nin + j]) {
-                    crate::ops::add::check_out(out, &shape, dtypes[nin + j], &element_inputs)
-                        .map_err(|e| name_error(e, &param(nin + j).name))?;
-                } else if let Some(out) = out {
-                    if out.readonly() {
-                        return Err(Error::ReadOnly(format!(
-                            "{} is read-only: its producer does not allow writes",
-                            param(nin + j).name
-                        )));
-                    }
-                }
-            }
-        }
-
-        let launch = Launch::begin(device, stream)?;
-        let ordinal = launch.ordinal();
-        // Compiled before anything is allocated: a compile error leaves nothing behind.
-        let compiled = self.functions(ordinal, &dtypes, &roles)?;
-        let mut outs = Vec::with_capacity(nout);
-        for (j, out) in outputs.iter().enumerate() {
-            outs.push(match out {
-                Some(o) => o.clone(),
-                None => launch.empty(&shape, dtypes[nin + j])?,
-            });
-        }
-        let n: usize = shape.iter().product();
-        if n == 0 {
-            return Ok(outs);
-        }
-        // Every operand as the kernel sees it (element inputs broadcast to the loop's shape,
-        // borrowed where they have it already), inputs then outputs.
-        let mut operands: Vec<Option<Cow<'_, Array>>> = Vec::with_capacity(nin + nout);
-        for (k, role) in roles.iter().enumerate().take(nin) {
-            operands.push(match (array(k), role) {
-                (Some(a), Role::Element) if a.shape() != shape => {
-                    Some(Cow::Owned(a.broadcast_to(&shape)?))
-                }
-                (Some(a), _) => Some(Cow::Borrowed(a)),
-                (None, _) => None,
-            });
-        }
-        operands.extend(outs.iter().map(|o| Some(Cow::Borrowed(o))));
-        let all: Vec<&Array> = operands.iter().flatten().map(|a| &**a).collect();
-        launch.order(&all)?;
-
-        let operand = |k: usize| -> &Array {
-            operands[k]
-                .as_deref()
-                .expect("an element operand is an array")
-        };
-        let is_element = |k: &usize| roles[*k] == Role::Element;
-        // The loop's plan over the element operands, led by the first element output (its
-        // writes run along its unit stride), in C order when the operation reads its index.
-        let planned: Vec<Operand<'_>> = (0..nin + nout)
-            .filter(is_element)
-            .map(|k| Operand::of(operand(k)))
-            .collect();
-        let lead = (!self.indexed).then(|| {
-            (0..nin + nout)
-                .filter(is_element)
-                .position(|k| k >= nin)
-                .unwrap_or(0)
-        });
-        let width = compiled.width;
-        // Signatures of one or two element inputs and one output also take the tiled kernel,
-        // add's, for a transposed input (never when the operation reads its index).
-        let tile_operands = lead
-            .is_some()
-            .then(|| source::tile_operands(&roles, nin, &self.reads))
-            .flatten();
-        let plan = Plan::new(&shape, n, &planned, lead, width, tile_operands.is_some());
-        let wide = plan.index == kernels::Index::I64;
-        let flat = |function: usize| {
-            Kernel::flat(
-                function as cudarc::driver::sys::CUfunction,
-                &plan,
-                ordinal,
-                width,
-            )
-        };
-        let kernel = match (plan.variant, tile_operands) {
-            (Variant::Vector, _) => flat(compiled.functions[if wide { 2 } else { 1 }])?,
-            (Variant::Contiguous, _) => flat(compiled.functions[0])?,
-            (Variant::Tiled { mask }, Some((a, b, out))) => {
-                let f = self.tiled_functions(ordinal, &dtypes, &roles)?[usize::from(wide)];
-                let b_dtype = dtypes[b.unwrap_or(a)];
-                let pairs = kernels::pairs([dtypes[a], b_dtype, dtypes[out]]);
-                params::tiled_kernel(
-                    (f as cudarc::driver::sys::CUfunction, pairs),
-                    &plan,
-                    mask,
-                    (operand(a), b.map(operand), b_dtype),
-                    operand(out),
-                )
-            }
-            // (Plan::new tiles only signatures that tile_operands accepts.)
-            (Variant::Strided | Variant::Tiled { .. }, _) => {
-                flat(compiled.functions[if wide { 4 } else { 3 }])?
-            }
-        };
-        let mut list = Vec::with_capacity(nin + nout);
-        for (k, role) in roles.iter().enumerate() {
-            list.push(match (role, inputs.get(k)) {
-                (Role::Element, _) => Param::Element(operand(k)),
-                (Role::Value, Some(Arg::Value(v, _))) => {
-                    Param::Value(crate::cpu::copy::ElementBytes::new(dtypes[k], *v))
-                }
-                _ => Param::Raw(operand(k)),
-            });
-        }
+    /// Launches the chosen variant of the kernel on the call's operands.
+    ///
+    /// # Safety
+    /// As [`ElementwiseKernel::call`]; `operands` are the call's operands on `launch`'s device,
+    /// ordered before it, with the loop's `shape` (element operands broadcast to it), and
+    /// `compiled` is the call's signature's kernels there.
+    unsafe fn run(
+        &self,
+        call: &Call<'_>,
+        launch: &Launch,
+        compiled: Compiled,
+        operands: &[Option<Cow<'_, Array>>],
+        shape: &[usize],
+    ) -> Result<()> {
+        let operand = |k: usize| -> &Array { operands[k].as_deref().expect("an array operand") };
+        let planned: Vec<Operand<'_>> = call.elements().map(|k| Operand::of(operand(k))).collect();
+        let (lead, tile_operands) = self.lead_and_tiles(call);
+        let n = shape.iter().product();
+        let plan = Plan::new(
+            shape,
+            n,
+            &planned,
+            lead,
+            compiled.width,
+            tile_operands.is_some(),
+        );
+        let kernel = self.variant(
+            call,
+            launch.ordinal(),
+            compiled,
+            &plan,
+            tile_operands,
+            &operand,
+        )?;
+        let list = call.params(&operand);
         // SAFETY: source::program writes this signature's kernels with the parameters of their
         // variant as kernels/abi.cuh lays them out (values of the parameter's dtype, CbRaw per
         // raw array), and the function is the plan's variant and index width. Every element
@@ -350,15 +216,61 @@ impl ElementwiseKernel {
         // and offset fits (Plan::new); the tiled kernel (source::tiled_program) only where out
         // has unit stride along cols and the tiled inputs along rows, with the shared memory of
         // its tiles (params::tiled_kernel). Raw arrays are indexed by the user's operation,
-        // within their sizes (this function's contract). The arrays are kept valid until the kernel has
-        // run (Launch::finish). Launch::order made the device's context current, and the module
-        // was loaded there.
-        unsafe { params::launch(&launch, &plan, &list, &kernel)? };
-        // `all` is the input arrays, then the outputs.
-        let (input_arrays, output_arrays) = all.split_at(all.len() - nout);
-        launch.finish(input_arrays, output_arrays)?;
-        drop(operands);
-        Ok(outs)
+        // within their sizes (this function's contract). The arrays are kept valid until the
+        // kernel has run (the caller's Launch::finish). Launch::order made the device's context
+        // current, and the module was loaded there.
+        unsafe { params::launch(launch, &plan, &list, &kernel) }
+    }
+
+    /// The operand that leads the loop (the first element output: its writes run along its unit
+    /// stride), none when the operation reads its index (C order), and the operands of the tiled
+    /// kernel where the signature has one (one or two element inputs and one output).
+    fn lead_and_tiles(&self, call: &Call<'_>) -> (Option<usize>, TileOperands) {
+        let nin = call.inputs.len();
+        let lead = (!self.indexed).then(|| call.elements().position(|k| k >= nin).unwrap_or(0));
+        let tiles = lead
+            .is_some()
+            .then(|| source::tile_operands(&call.roles, nin, &self.reads))
+            .flatten();
+        (lead, tiles)
+    }
+
+    /// The kernel of the plan's variant and index width.
+    fn variant<'o>(
+        &self,
+        call: &Call<'_>,
+        ordinal: u32,
+        compiled: Compiled,
+        plan: &Plan,
+        tile_operands: TileOperands,
+        operand: &impl Fn(usize) -> &'o Array,
+    ) -> Result<Kernel> {
+        let wide = plan.index == kernels::Index::I64;
+        let flat = |function: usize| {
+            let function = function as cudarc::driver::sys::CUfunction;
+            Kernel::flat(function, plan, ordinal, compiled.width)
+        };
+        let dtypes = &call.dtypes;
+        Ok(match (plan.variant, tile_operands) {
+            (Variant::Vector, _) => flat(compiled.functions[if wide { 2 } else { 1 }])?,
+            (Variant::Contiguous, _) => flat(compiled.functions[0])?,
+            (Variant::Tiled { mask }, Some((a, b, out))) => {
+                let f = self.tiled_functions(ordinal, dtypes, &call.roles)?[usize::from(wide)];
+                let b_dtype = dtypes[b.unwrap_or(a)];
+                let pairs = kernels::pairs([dtypes[a], b_dtype, dtypes[out]]);
+                params::tiled_kernel(
+                    (f as cudarc::driver::sys::CUfunction, pairs),
+                    plan,
+                    mask,
+                    (operand(a), b.map(operand), b_dtype),
+                    operand(out),
+                )
+            }
+            // (Plan::new tiles only signatures that tile_operands accepts.)
+            (Variant::Strided | Variant::Tiled { .. }, _) => {
+                flat(compiled.functions[if wide { 4 } else { 3 }])?
+            }
+        })
     }
 
     /// The tiled kernels (32- and 64-bit) of a signature on `ordinal`, compiled on first use.
@@ -439,11 +351,243 @@ impl ElementwiseKernel {
     }
 }
 
+/// The operands of the tiled kernel, where a signature has one: the first input, the second
+/// (none for a value), the output (see [`source::tile_operands`]).
+type TileOperands = Option<(usize, Option<usize>, usize)>;
+
+/// A call's arguments bound to the kernel's parameters (inputs, then outputs).
+struct Call<'a> {
+    kernel: &'a ElementwiseKernel,
+    inputs: &'a [Arg],
+    outputs: &'a [Option<Array>],
+    /// Per parameter: element, value or raw.
+    roles: Vec<Role>,
+    /// Per parameter: its dtype.
+    dtypes: Vec<DType>,
+}
+
+impl<'a> Call<'a> {
+    fn param(&self, k: usize) -> &'a spec::Param {
+        let spec = &self.kernel.spec;
+        let nin = spec.inputs.len();
+        if k < nin {
+            &spec.inputs[k]
+        } else {
+            &spec.outputs[k - nin]
+        }
+    }
+
+    /// The array passed for parameter `k`, if any.
+    fn array(&self, k: usize) -> Option<&'a Array> {
+        match self.inputs.get(k) {
+            Some(Arg::Array(a)) => Some(a),
+            Some(Arg::Value(..)) => None,
+            None => self.outputs[k - self.inputs.len()].as_ref(),
+        }
+    }
+
+    /// The element parameters (broadcast over the loop), in order.
+    fn elements(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.roles.len()).filter(|&k| self.roles[k] == Role::Element)
+    }
+
+    /// Input `k`'s role and the dtype of the array passed for it.
+    fn input_role(&self, k: usize, arg: &Arg) -> Result<(Role, Option<DType>)> {
+        let raw = self.kernel.raw[k];
+        match arg {
+            Arg::Array(a) => Ok((if raw { Role::Raw } else { Role::Element }, Some(a.dtype()))),
+            Arg::Value(..) if raw => Err(Error::invalid(format!(
+                "{}: raw parameter {} needs an array, not a scalar",
+                self.kernel.spec.name,
+                self.param(k).name
+            ))),
+            Arg::Value(..) => Ok((Role::Value, None)),
+        }
+    }
+
+    /// Output `j`'s role; a raw output must be passed (its shape is its own).
+    fn output_role(&self, j: usize, out: &Option<Array>) -> Result<Role> {
+        let k = self.inputs.len() + j;
+        match (self.kernel.raw[k], out) {
+            (true, None) => Err(Error::invalid(format!(
+                "{}: raw output {} must be passed (its shape is not the loop's)",
+                self.kernel.spec.name,
+                self.param(k).name
+            ))),
+            (true, Some(_)) => Ok(Role::Raw),
+            (false, _) => Ok(Role::Element),
+        }
+    }
+
+    /// The one CUDA device of every array (the current device when no array is passed).
+    fn device(&self) -> Result<Device> {
+        let arrays = (0..self.roles.len()).filter_map(|k| Some((k, self.array(k)?)));
+        let name = |k| self.param(k).name.clone();
+        crate::ops::launch::kernel_device((&self.kernel.spec.name, "elementwise"), arrays, name)
+    }
+
+    /// The loop's shape: the broadcast of every element operand, or `size` indices.
+    fn loop_shape(&self, size: Option<usize>) -> Result<Vec<usize>> {
+        let mut shape: Option<Vec<usize>> = None;
+        for a in self.elements().filter_map(|k| self.array(k)) {
+            shape = Some(match shape {
+                None => a.shape().to_vec(),
+                Some(s) if s == a.shape() => s,
+                Some(s) => broadcast_shapes(&s, a.shape())?,
+            });
+        }
+        let name = &self.kernel.spec.name;
+        match (shape, size) {
+            (Some(s), None) => Ok(s),
+            (Some(s), Some(size)) if s.iter().product::<usize>() == size => Ok(s),
+            (Some(s), Some(size)) => Err(Error::invalid(format!(
+                "{name}: size={size}, but the arrays broadcast to {} elements",
+                s.iter().product::<usize>()
+            ))),
+            (None, Some(size)) => Ok(vec![size]),
+            (None, None) => Err(Error::invalid(format!(
+                "{name}: no array sets the number of indices; pass size="
+            ))),
+        }
+    }
+
+    /// Checks the outputs passed: element outputs as `add` checks `out`, raw ones writable.
+    fn check_outputs(&self, shape: &[usize]) -> Result<()> {
+        let nin = self.inputs.len();
+        let element_inputs: Vec<&Array> = self
+            .elements()
+            .filter(|&k| k < nin)
+            .filter_map(|k| self.array(k))
+            .collect();
+        for (j, out) in self.outputs.iter().enumerate() {
+            let (k, Some(out)) = (nin + j, out) else {
+                continue;
+            };
+            let name = &self.param(k).name;
+            if self.roles[k] == Role::Element {
+                crate::ops::add::check_out(out, shape, self.dtypes[k], &element_inputs)
+                    .map_err(|e| name_error(e, name))?;
+            } else if out.readonly() {
+                return Err(Error::ReadOnly(format!(
+                    "{name} is read-only: its producer does not allow writes"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The outputs: those passed, and new arrays of the loop's shape on `launch`'s stream.
+    fn allocate_outputs(&self, launch: &Launch, shape: &[usize]) -> Result<Vec<Array>> {
+        let nin = self.inputs.len();
+        let new = |j: usize| launch.empty(shape, self.dtypes[nin + j]);
+        (0..self.outputs.len())
+            .map(|j| self.outputs[j].clone().map_or_else(|| new(j), Ok))
+            .collect()
+    }
+
+    /// Every operand as the kernel sees it, inputs then `outs`: element inputs broadcast to the
+    /// loop's shape (borrowed where they have it already), none for a value.
+    fn operands<'o>(
+        &self,
+        outs: &'o [Array],
+        shape: &[usize],
+    ) -> Result<Vec<Option<Cow<'o, Array>>>>
+    where
+        'a: 'o,
+    {
+        let mut operands = Vec::with_capacity(self.roles.len());
+        for k in 0..self.inputs.len() {
+            operands.push(match (self.array(k), self.roles[k]) {
+                (Some(a), Role::Element) if a.shape() != shape => {
+                    Some(Cow::Owned(a.broadcast_to(shape)?))
+                }
+                (Some(a), _) => Some(Cow::Borrowed(a)),
+                (None, _) => None,
+            });
+        }
+        operands.extend(outs.iter().map(|o| Some(Cow::Borrowed(o))));
+        Ok(operands)
+    }
+
+    /// The kernel's parameters in order: each operand as its role passes it.
+    fn params<'o>(&self, operand: &impl Fn(usize) -> &'o Array) -> Vec<Param<'o>> {
+        (0..self.roles.len())
+            .map(|k| match (self.roles[k], self.inputs.get(k)) {
+                (Role::Element, _) => Param::Element(operand(k)),
+                (Role::Value, Some(Arg::Value(v, _))) => {
+                    Param::Value(crate::cpu::copy::ElementBytes::new(self.dtypes[k], *v))
+                }
+                _ => Param::Raw(operand(k)),
+            })
+            .collect()
+    }
+}
+
 /// `e` with the output parameter's name in front, for messages about one of several outputs.
 fn name_error(e: Error, name: &str) -> Error {
     match e {
         Error::Invalid(m) => Error::Invalid(format!("{name}: {m}")),
         Error::ReadOnly(m) => Error::ReadOnly(format!("{name}: {m}")),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(shape: &[usize], dtype: DType) -> Array {
+        Array::zeros(shape, dtype, Device::Cpu).unwrap()
+    }
+
+    fn axpy() -> ElementwiseKernel {
+        let spec = Spec::new("T x, T a, raw T r", "T z", "z = a * x + r[0]", "axpy", "").unwrap();
+        ElementwiseKernel::new(spec)
+    }
+
+    #[test]
+    fn a_call_binds_roles_dtypes_and_the_loop_shape() {
+        let kernel = axpy();
+        let inputs = [
+            Arg::Array(host(&[4, 1], DType::Float32)),
+            Arg::Value(Scalar::Float(2.0), None),
+            Arg::Array(host(&[7], DType::Float32)),
+        ];
+        let outputs = [Some(host(&[4, 3], DType::Float32))];
+        let call = kernel.bind(&inputs, &outputs).unwrap();
+        assert_eq!(
+            call.roles,
+            [Role::Element, Role::Value, Role::Raw, Role::Element]
+        );
+        assert_eq!(call.dtypes, [DType::Float32; 4]);
+        assert_eq!(call.elements().collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(call.loop_shape(None).unwrap(), [4, 3]);
+        assert!(call.loop_shape(Some(5)).is_err());
+        call.check_outputs(&[4, 3]).unwrap();
+        assert!(call.check_outputs(&[4, 4]).is_err());
+        // Host arrays: the kernel runs on one CUDA device, which they are not on.
+        let e = call.device().unwrap_err().to_string();
+        assert!(
+            e.contains("axpy: x is on cpu") && e.contains("one CUDA device"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_call_refuses_what_its_parameters_cannot_take() {
+        let kernel = axpy();
+        let value = || Arg::Value(Scalar::Float(1.0), None);
+        let two = [Arg::Array(host(&[3], DType::Float32)), value()];
+        let e = kernel.bind(&two, &[None]).err().unwrap().to_string();
+        assert!(e.contains("takes 3 input(s)"), "{e}");
+        let raw_value = [Arg::Array(host(&[3], DType::Float32)), value(), value()];
+        let e = kernel.bind(&raw_value, &[None]).err().unwrap().to_string();
+        assert!(e.contains("raw parameter r needs an array"), "{e}");
+        let mixed = [
+            Arg::Array(host(&[3], DType::Float32)),
+            value(),
+            Arg::Array(host(&[3], DType::Float64)),
+        ];
+        assert!(kernel.bind(&mixed, &[None]).is_err());
     }
 }
