@@ -2,7 +2,8 @@
 //! buffer protocol. The class itself ([`PyArray`]) is defined in `types.rs`, which the modules
 //! that import operands depend on; this one depends on them (its `+` is `cubridge.add`).
 
-use super::buffer;
+use super::export::{self, Reader};
+use super::import::buffer;
 use super::types::{PyArray, PyDType, PyDevice};
 use crate::array::Array;
 use crate::cuda::stream as cs;
@@ -122,26 +123,19 @@ fn bfloat16_view<'py>(slf: &Bound<'py, PyArray>) -> PyResult<Bound<'py, PyAny>> 
 }
 
 /// Hands `array` (the exported memory: the array's own, or a copy made for the consumer) over
-/// to the consumer of `request`: for CUDA memory, the consumer's stream waits for the pending
-/// work (the host never blocks) and the memory's free will wait for what the consumer queues
-/// there. Host memory has no pending device work to order.
+/// to the consumer of `request`, on the stream it names.
 fn hand_over(array: &Array, request: &ExportRequest<'_>) -> PyResult<()> {
-    if !matches!(array.device(), Device::Cuda(_)) {
+    if !matches!(array.device(), Device::Cuda(_) | Device::CudaManaged) {
         return Ok(());
     }
-    let consumer = match request.cuda_stream()? {
-        CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => cs::LEGACY,
-        CudaStreamRequest::PerThreadDefault => cs::PER_THREAD,
-        CudaStreamRequest::Pointer(p) => cs::Stream::from_handle(p),
-        CudaStreamRequest::NoSync => {
-            // The consumer orders its reads itself, on a stream it does not name.
-            array.record_unknown_consumer();
-            return Ok(());
-        }
+    let reader = match request.cuda_stream()? {
+        CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => Reader::On(cs::LEGACY),
+        CudaStreamRequest::PerThreadDefault => Reader::On(cs::PER_THREAD),
+        CudaStreamRequest::Pointer(p) => Reader::On(cs::Stream::from_handle(p)),
+        // The consumer orders its reads itself, on a stream it does not name.
+        CudaStreamRequest::NoSync => Reader::Unknown(None),
     };
-    array.order_before(consumer)?;
-    array.record_consumer(consumer);
-    Ok(())
+    Ok(export::hand_over(array, reader)?)
 }
 
 #[pymethods]
@@ -249,7 +243,7 @@ impl PyArray {
         py: Python<'py>,
     ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let _restore = crate::cuda::context::Restore::new();
-        super::cai::export(py, &self.inner)
+        export::cuda_array_interface(py, &self.inner)
     }
 
     /// The stream holding the array's pending CUDA work (1 is the legacy default stream).
@@ -442,13 +436,10 @@ unsafe impl dlpark::python::DlpackExchangeProducer for PyArray {
         &self,
         _py: Python<'_>,
     ) -> PyResult<Managed<DLManagedTensorVersioned>> {
-        if matches!(self.inner.device(), Device::Cuda(_)) {
-            // cubridge's work stream is the legacy default stream: pending work on any other
-            // stream is ordered before it with an event, without blocking the host. The
-            // consumer's own stream is not told: the memory's free waits for the device.
-            self.inner.order_before(cs::LEGACY)?;
-            self.inner.record_unknown_consumer();
-        }
+        // cubridge's work stream is the legacy default stream: pending work on any other stream
+        // is ordered before it with an event, without blocking the host. The consumer's own
+        // stream is not told: the memory's free waits for the device.
+        export::hand_over(&self.inner, Reader::Unknown(Some(cs::LEGACY)))?;
         Ok(to_managed(&self.inner, false)?)
     }
 

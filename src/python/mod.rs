@@ -8,15 +8,12 @@
 //! your own extension" and `examples/extension`).
 
 mod array;
-mod buffer;
-mod cai;
 mod errors;
-mod exchange;
+mod export;
 mod extension;
 mod functions;
 mod import;
 mod kernels;
-mod ndarray;
 pub mod operands;
 mod stream;
 mod types;

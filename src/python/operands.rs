@@ -157,7 +157,7 @@ pub(crate) fn take_arrays(
     let mut producers: Waits = Vec::new();
     // The current stream of a producer that does not hand its work over (CuPy's).
     let mut current: Option<Stream> = None;
-    let mut streams = super::exchange::WorkStreams::default();
+    let mut streams = super::import::exchange::WorkStreams::default();
     for (k, obj) in objs.iter().enumerate() {
         if let (Some(obj), true) = (obj, written[k]) {
             refuse_write(obj, "an output")?;
@@ -168,7 +168,7 @@ pub(crate) fn take_arrays(
             continue;
         };
         // numpy's arrays (host memory, no stream, never a copy) are read directly.
-        if let Some(array) = super::ndarray::import(obj) {
+        if let Some(array) = super::import::ndarray::import(obj) {
             arrays[k] = Some(array);
             continue;
         }

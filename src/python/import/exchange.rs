@@ -4,10 +4,10 @@
 //! device rather than once per operand (PyTorch's answer costs more than the lending). dlpark's
 //! `ExchangeApi` asks for the stream with every tensor it imports, so the table is called here.
 
-use super::Holder;
 use crate::array::Array;
 use crate::cuda::stream::Stream;
 use crate::device::Device;
+use crate::python::Holder;
 use crate::view::check_dltensor;
 use dlpark::ffi::{
     DLDevice, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION,

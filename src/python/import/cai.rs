@@ -1,61 +1,17 @@
-//! The CUDA array interface (`__cuda_array_interface__`, versions 2 and 3): exporting device
-//! arrays to CuPy, Numba and PyTorch, and importing theirs without copying.
+//! The CUDA array interface (`__cuda_array_interface__`, versions 2 and 3) as a consumer:
+//! CuPy's, Numba's and PyTorch's device arrays without copying, and the stream a v3 producer
+//! names.
 
-use super::stream::Use;
 use crate::array::Array;
 use crate::cuda::{memory, stream as cs};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Error;
+use crate::python::stream::Use;
 use crate::view::{from_descriptor, Descriptor};
 use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
-
-/// The interface dict of a device or managed array: v3, with the stream holding its pending
-/// work. (Pinned host memory has none: consumers would take it for device memory.)
-pub fn export<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyDict>> {
-    if !matches!(array.device(), Device::Cuda(_) | Device::CudaManaged) {
-        return Err(PyAttributeError::new_err(format!(
-            "__cuda_array_interface__ describes CUDA device or managed memory; this array is on {}",
-            array.device()
-        )));
-    }
-    let typestr = array.dtype().typestr().ok_or_else(|| {
-        PyAttributeError::new_err(format!(
-            "the CUDA array interface has no typestr for {}; use DLPack",
-            array.dtype()
-        ))
-    })?;
-    let d = PyDict::new(py);
-    d.set_item("shape", PyTuple::new(py, array.shape())?)?;
-    d.set_item("typestr", typestr)?;
-    let ptr = if array.numel() == 0 {
-        0
-    } else {
-        array.data_ptr() as usize
-    };
-    d.set_item("data", (ptr, array.readonly()))?;
-    if array.layout().is_contiguous() {
-        d.set_item("strides", py.None())?;
-    } else {
-        let item = array.dtype().itemsize() as isize;
-        let bytes: Vec<isize> = array.strides().iter().map(|s| s * item).collect();
-        d.set_item("strides", PyTuple::new(py, bytes)?)?;
-    }
-    d.set_item("version", 3)?;
-    // The consumer reads on a stream it does not name: the memory's free waits for the device.
-    array.record_unknown_consumer();
-    // Pending work is handed over through the legacy default stream, which is made to wait for
-    // it: the stream the array was written on may since have been destroyed by its owner.
-    if array.has_pending() {
-        array.order_before(cs::LEGACY)?;
-        d.set_item("stream", cs::LEGACY.dlpack())?;
-    } else {
-        d.set_item("stream", py.None())?;
-    }
-    Ok(d)
-}
+use pyo3::types::PyDict;
 
 fn get<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
     Ok(d.get_item(key)?.filter(|v| !v.is_none()))
@@ -194,7 +150,7 @@ pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
         readonly,
         len_bytes: None,
     };
-    let keepalive = super::Holder::new(obj);
+    let keepalive = crate::python::Holder::new(obj);
     // SAFETY: the interface's contract: the memory stays valid while the exporting object lives,
     // and the view holds a strong reference to it.
     let array = unsafe { from_descriptor(&descriptor, Box::new(keepalive))? };

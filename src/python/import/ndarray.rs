@@ -4,12 +4,12 @@
 //! hold and release; and numpy's scalars, read as `PyArrayScalar_VAL` reads them. The fields
 //! read here have the same place in numpy 1.x and 2.x.
 
-use super::Holder;
 use crate::array::Array;
 use crate::cpu::copy::read_scalar;
 use crate::cpu::element::Scalar;
 use crate::device::Device;
 use crate::dtype::DType;
+use crate::python::Holder;
 use crate::view::{check, Descriptor};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -77,7 +77,7 @@ fn dtype_of(type_char: u8) -> Option<DType> {
 /// and for what this reading does not cover (another dtype or byte order, strides that are not whole
 /// elements, more than [`MAX_DIMS`] dimensions), which the buffer protocol then answers.
 pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
-    if !super::import::is_numpy_ndarray(obj) {
+    if !super::is_numpy_ndarray(obj) {
         return None;
     }
     // SAFETY: `obj` is exactly a numpy.ndarray (checked above), whose object starts with

@@ -1,0 +1,309 @@
+//! Turning Python objects into arrays: DLPack producers and capsules, the buffer protocol, and
+//! (for `asarray`) Python scalars and nested sequences. Foreign memory is viewed, never copied,
+//! unless the caller asks for a copy, another dtype or another device.
+
+pub mod buffer;
+pub mod cai;
+mod dlpack;
+pub mod exchange;
+pub mod ndarray;
+mod values;
+
+use crate::array::Array;
+use crate::cuda::stream::Stream;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::ops;
+use crate::python::stream::Use;
+use crate::python::types::PyArray;
+pub use dlpack::{current_stream, exchanged, lent_cai, Exchanged};
+use dlpack::{import_dlpack, type_facts, TypeFacts};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+pub use values::{
+    default_dtype, from_sequence, infer_dtype, python_scalar, typed_numpy_scalar, widest,
+};
+
+/// An imported array and whether the producer handed over a copy rather than its own memory.
+pub struct Imported {
+    pub array: Array,
+    pub copied: bool,
+}
+
+fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
+    // Producers define `__dlpack__` on their type (answered from the per-type cache, without
+    // making a bound method); an instance attribute of that name is looked up as well.
+    type_facts(obj).dlpack
+        || obj
+            .hasattr(pyo3::intern!(obj.py(), "__dlpack__"))
+            .unwrap_or(false)
+}
+
+fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
+    obj.cast::<pyo3::types::PyCapsule>().is_ok()
+}
+
+/// Imports `obj` without copying: a cubridge array as is, a DLPack producer or capsule, a CUDA
+/// array interface, or a buffer-protocol object. CUDA producers order their pending work before
+/// `consumer` (a DLPack-numbered stream); a view kept for later records an event there (see
+/// [`Use`]). The memory of a tensor that requires grad, or of a JAX array, is imported
+/// read-only ([`write_refusal`]). Errors with TypeError for anything else, numpy scalars of
+/// dtypes cubridge has not (datetime64, bytes_, ...) among them.
+pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
+    if let Ok(a) = obj.cast::<PyArray>() {
+        return Ok(Imported {
+            array: a.get().inner.clone(),
+            copied: false,
+        });
+    }
+    if is_numpy_ndarray(obj) {
+        return import_any(obj, consumer, use_);
+    }
+    let facts = type_facts(obj);
+    if facts.numpy_scalar {
+        numpy_scalar_dtype(obj)?;
+    }
+    let mut imported = import_any(obj, consumer, use_)?;
+    if forbids_writes(obj, facts) {
+        imported.array = imported.array.with_readonly(true);
+    }
+    Ok(imported)
+}
+
+/// Whether cubridge must not write `obj`'s memory: a tensor that requires grad (a write would
+/// hide from autograd), or a JAX array (immutable: other arrays may share its buffer).
+fn forbids_writes(obj: &Bound<'_, PyAny>, facts: TypeFacts) -> bool {
+    facts.immutable || (facts.grad && requires_grad(obj))
+}
+
+fn requires_grad(obj: &Bound<'_, PyAny>) -> bool {
+    obj.getattr(pyo3::intern!(obj.py(), "requires_grad"))
+        .and_then(|r| r.is_truthy())
+        .unwrap_or(false)
+}
+
+/// Why a kernel may not write `obj` in place, if it may not: BufferError for a tensor that
+/// requires grad (as torch's own `__dlpack__` refuses it), ValueError for a JAX array.
+/// `what` names the operand.
+pub fn write_refusal(obj: &Bound<'_, PyAny>, what: &str) -> Option<PyErr> {
+    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+        return None;
+    }
+    let facts = type_facts(obj);
+    if facts.immutable {
+        return Some(PyValueError::new_err(format!(
+            "{what} is a JAX array, which is immutable (other arrays may share its memory): \
+             cubridge does not write into it; leave out out= and use the result"
+        )));
+    }
+    (facts.grad && requires_grad(obj)).then(|| {
+        PyBufferError::new_err(format!(
+            "{what} requires grad: writing it in place would hide the write from autograd; \
+             pass .detach() or a tensor that does not require grad"
+        ))
+    })
+}
+
+/// The dtype of a numpy scalar, read from its typestr (`'<f4'`: numpy computes `dtype.name` in
+/// Python, `dtype.str` in C), or TypeError for a dtype cubridge does not have (its bytes would
+/// otherwise come in through the buffer protocol as uint8).
+fn numpy_scalar_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let dtype = obj.getattr(pyo3::intern!(obj.py(), "dtype"))?;
+    let typestr = dtype.getattr(pyo3::intern!(obj.py(), "str"))?;
+    DType::from_typestr(typestr.extract::<&str>()?).map_err(|_| {
+        let shown = dtype.str().map_or_else(|_| "?".into(), |s| s.to_string());
+        PyTypeError::new_err(format!(
+            "unsupported dtype: cubridge cannot read a numpy {} scalar (dtype {shown})",
+            type_name(obj)
+        ))
+    })
+}
+
+/// [`import`] without the read-only rule.
+fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
+    if is_numpy_ndarray(obj) {
+        // numpy's own arrays (host memory, never a copy) read from numpy's array object, else
+        // through the buffer protocol: either costs a fraction of its __dlpack__ (a capsule, a
+        // managed tensor and a deleter per call). Whatever neither describes (bfloat16,
+        // byte-swapped or structured dtypes) takes the DLPack path below, with its own answer.
+        if let Some(array) = ndarray::import(obj) {
+            return Ok(Imported {
+                array,
+                copied: false,
+            });
+        }
+        if let Ok(Some(array)) = buffer::import(obj) {
+            return Ok(Imported {
+                array,
+                copied: false,
+            });
+        }
+    }
+    if is_capsule(obj) || has_dlpack(obj) {
+        match import_dlpack(obj, consumer, use_) {
+            Ok(imported) => return Ok(imported),
+            // A producer whose DLPack export fails or is malformed (BufferError: for example a
+            // read-only numpy array under the legacy ABI; ValueError: a descriptor cubridge
+            // rejects, such as CuPy's negative strides, which it mangles in DLPack) may describe
+            // the same memory correctly through the CUDA array interface or the buffer protocol.
+            // Those are tried; if neither serves, the DLPack error stands, unless the array's
+            // dtype is what cubridge cannot read (numpy's big-endian, structured, object, string
+            // and datetime arrays): that is a TypeError, as for any unsupported dtype.
+            Err(e)
+                if !is_capsule(obj)
+                    && (e.is_instance_of::<PyBufferError>(obj.py())
+                        || e.is_instance_of::<PyValueError>(obj.py())) =>
+            {
+                if let Ok(Some(array)) = cai::import(obj, consumer, use_) {
+                    return Ok(Imported {
+                        array,
+                        copied: false,
+                    });
+                }
+                match buffer::import(obj) {
+                    Ok(Some(array)) => {
+                        return Ok(Imported {
+                            array,
+                            copied: false,
+                        })
+                    }
+                    Err(unreadable) if unreadable.is_instance_of::<PyTypeError>(obj.py()) => {
+                        return Err(unreadable)
+                    }
+                    _ => {}
+                }
+                return Err(unsupported_dtype(obj)
+                    .or_else(|| not_a_capsule(obj))
+                    .unwrap_or(e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(array) = cai::import(obj, consumer, use_)? {
+        return Ok(Imported {
+            array,
+            copied: false,
+        });
+    }
+    if let Some(array) = buffer::import(obj)? {
+        return Ok(Imported {
+            array,
+            copied: false,
+        });
+    }
+    Err(PyTypeError::new_err(format!(
+        "cubridge cannot read a {}: it needs __dlpack__, a DLPack capsule, \
+         __cuda_array_interface__ or the buffer protocol",
+        obj.get_type().name()?
+    )))
+}
+
+/// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise).
+pub fn is_numpy_ndarray(obj: &Bound<'_, PyAny>) -> bool {
+    static NDARRAY: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
+    let py = obj.py();
+    let ty = obj.get_type();
+    if let Some(nd) = NDARRAY.get(py) {
+        return ty.is(nd.bind(py));
+    }
+    let is_ndarray = ty
+        .name()
+        .is_ok_and(|n| n.to_str().is_ok_and(|n| n == "ndarray"))
+        && ty
+            .module()
+            .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"));
+    if is_ndarray {
+        let _ = NDARRAY.set(py, ty.unbind());
+    }
+    is_ndarray
+}
+
+/// Whether `obj` offers one of the ways cubridge reads an operand: a cubridge array, a Python
+/// or numpy scalar, a sequence (for `asarray`), a DLPack producer or capsule, the CUDA array
+/// interface, or the buffer protocol. What does not is refused by [`import`] with TypeError.
+pub fn readable(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    Ok(obj.cast::<PyArray>().is_ok()
+        || python_scalar(obj)?.is_some()
+        || is_capsule(obj)
+        || has_dlpack(obj)
+        || obj.hasattr(pyo3::intern!(py, "__cuda_array_interface__"))?
+        // SAFETY: PyObject_CheckBuffer only reads the object's type slots.
+        || unsafe { pyo3::ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1)
+}
+
+/// The name of `obj`'s type, for messages.
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
+}
+
+/// TypeError when `obj.__dlpack__()` returns something that is not a capsule at all (asked
+/// again only on this error path, where dlpark's refusal does not tell it from a capsule of
+/// an unknown name; a capsule got here is released by its destructor).
+fn not_a_capsule(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
+    let returned = obj
+        .call_method0(pyo3::intern!(obj.py(), "__dlpack__"))
+        .ok()?;
+    (!is_capsule(&returned)).then(|| no_capsule(&returned))
+}
+
+/// The TypeError for a `__dlpack__` that returned `returned`, which is no capsule.
+fn no_capsule(returned: &Bound<'_, PyAny>) -> PyErr {
+    PyTypeError::new_err(format!(
+        "__dlpack__ returned a {}, not a DLPack capsule",
+        type_name(returned)
+    ))
+}
+
+/// TypeError naming `obj`'s dtype when it has one that cubridge has no dtype for (its producer
+/// refused DLPack for it and no other protocol describes it).
+fn unsupported_dtype(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
+    let dtype = obj.getattr(pyo3::intern!(obj.py(), "dtype")).ok()?;
+    if crate::python::types::parse_dtype(&dtype).is_ok() {
+        return None;
+    }
+    let shown = dtype.str().map_or_else(|_| "?".into(), |s| s.to_string());
+    Some(PyTypeError::new_err(format!(
+        "unsupported dtype: cubridge cannot read a {} of dtype {shown}",
+        type_name(obj)
+    )))
+}
+
+/// Applies the Array API `copy` / `dtype` / `device` rules to an imported array: no copy unless
+/// one is needed or asked for; `copy=False` refuses a needed copy.
+pub fn finish(
+    py: Python<'_>,
+    imported: Imported,
+    dtype: Option<DType>,
+    device: Option<Device>,
+    copy: Option<bool>,
+) -> PyResult<Array> {
+    let Imported { array, copied } = imported;
+    let dtype_target = dtype.unwrap_or(array.dtype());
+    let device_target = device.unwrap_or(array.device());
+    let needs_copy = dtype_target != array.dtype() || device_target != array.device();
+    if copy == Some(false) && copied {
+        return Err(PyBufferError::new_err(format!(
+            "copy=False, but the producer exported a copy of its {} array on {} (the DLPack \
+             IS_COPIED flag), not its own memory",
+            array.dtype(),
+            array.device()
+        )));
+    }
+    if copy == Some(false) && needs_copy {
+        return Err(Error::invalid(format!(
+            "copy=False, but a {} array on {} cannot be seen as {dtype_target} on \
+             {device_target} without copying",
+            array.dtype(),
+            array.device()
+        ))
+        .into());
+    }
+    if needs_copy || (copy == Some(true) && !copied) {
+        return Ok(py.detach(|| ops::copy(&array, dtype_target, device_target))?);
+    }
+    Ok(array)
+}

@@ -1,0 +1,268 @@
+//! Python values as arrays (for `asarray` and scalar operands): Python and numpy scalars, and
+//! nested sequences with their dtype inferred as numpy and the Array API infer it.
+
+use super::numpy_scalar_dtype;
+use crate::array::Array;
+use crate::cpu::copy::fill;
+use crate::cpu::element::Scalar;
+use crate::device::Device;
+use crate::dtype::{DType, Kind};
+use crate::error::Error;
+use crate::ops;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
+
+/// A Python scalar as a [`Scalar`], or `None` if `obj` is not one.
+pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
+    // bool is a subclass of int: test it first.
+    if obj.is_instance_of::<PyBool>() {
+        return Ok(Some(Scalar::Bool(obj.extract()?)));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        // Any int that a dtype may hold (floating dtypes take large ones); the dtype it meets
+        // checks its range (ops::create::check_value_kind).
+        let v: i128 = obj.extract().map_err(|_| {
+            let bits = obj
+                .call_method0("bit_length")
+                .and_then(|b| b.extract::<u64>())
+                .unwrap_or(0);
+            Error::Overflow(format!(
+                "Python integer of {bits} bits is too large for any cubridge dtype"
+            ))
+        })?;
+        return Ok(Some(Scalar::Int(v)));
+    }
+    // Exact types: numpy's float64 and complex128 scalars subclass float and complex, but they
+    // carry their own dtype and come in through the buffer protocol instead.
+    if obj.is_exact_instance_of::<PyFloat>() {
+        return Ok(Some(Scalar::Float(obj.extract()?)));
+    }
+    if let Ok(c) = obj.cast_exact::<PyComplex>() {
+        return Ok(Some(Scalar::Complex(c.real(), c.imag())));
+    }
+    Ok(None)
+}
+
+/// The dtype a Python scalar takes by default (the Array API's defaults, float32 for floats).
+pub fn default_dtype(value: Scalar) -> DType {
+    value.default_dtype()
+}
+
+/// The wider kind of two default dtypes (bool < int < float < complex).
+pub fn widest(a: DType, b: DType) -> DType {
+    let rank = |d: DType| match d.kind() {
+        Kind::Bool => 0,
+        Kind::Int | Kind::UInt => 1,
+        Kind::Float => 2,
+        Kind::Complex => 3,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
+    }
+}
+
+/// One element of a nested sequence: its value, and its dtype when it is a numpy scalar (or a
+/// 0-d numpy array).
+type Element = (Scalar, Option<DType>);
+
+/// Builds a new array from a Python scalar or a nested list/tuple of scalars. Without a
+/// `dtype`, see [`infer_dtype`]; with one, each value is converted as numpy builds an array
+/// ([`crate::ops::create::cast_value`]).
+pub fn from_sequence(
+    obj: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+    device: Device,
+) -> PyResult<Option<Array>> {
+    if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>())
+        && python_scalar(obj)?.is_none()
+    {
+        return Ok(None);
+    }
+    let mut shape = Vec::new();
+    let mut values = Vec::new();
+    flatten(obj, 0, &mut shape, &mut values)?;
+    if crate::layout::checked_numel(&shape)? != values.len() {
+        return Err(Error::invalid("nested sequences changed while being read").into());
+    }
+    let dtype = match dtype {
+        Some(dtype) => dtype,
+        None => infer_dtype(&values)?,
+    };
+    let host = Array::empty(&shape, dtype, Device::Cpu)?;
+    let size = dtype.itemsize();
+    for (i, &(v, _)) in values.iter().enumerate() {
+        let v = crate::ops::create::cast_value(v, dtype)?;
+        // SAFETY: element i of a fresh contiguous host array of values.len() elements.
+        unsafe { fill(dtype, host.data_ptr().add(i * size), 1, v) };
+    }
+    if device == Device::Cpu {
+        Ok(Some(host))
+    } else {
+        Ok(Some(ops::copy(&host, dtype, device)?))
+    }
+}
+
+/// The dtype of an array of these elements. Python scalars alone take numpy's inference with
+/// the Array API's float32 default for floats: the widest kind present; ints beyond int64 make
+/// uint64 when none is negative. With numpy scalars among them, numpy's own inference: each
+/// numpy scalar keeps its dtype, Python values count as numpy's defaults (int64, float64,
+/// complex128), and all meet in [`DType::result_type`] (`[numpy.float64(0.1)]` stays float64).
+pub fn infer_dtype(values: &[Element]) -> Result<DType, Error> {
+    let python = |v: Scalar| match v {
+        Scalar::Int(i) if i > i128::from(i64::MAX) => DType::UInt64,
+        Scalar::Float(_) => DType::Float64,
+        Scalar::Complex(..) => DType::Complex128,
+        other => other.default_dtype(),
+    };
+    if values.iter().any(|(_, d)| d.is_some()) {
+        let dtype = values
+            .iter()
+            .map(|&(v, d)| d.unwrap_or_else(|| python(v)))
+            .reduce(DType::result_type);
+        return Ok(dtype.unwrap_or(DType::Float64));
+    }
+    let inferred = values
+        .iter()
+        .map(|&(v, _)| default_dtype(v))
+        .reduce(widest)
+        .unwrap_or(DType::Float32);
+    let ints = || {
+        values.iter().filter_map(|v| match v.0 {
+            Scalar::Int(i) => Some(i),
+            _ => None,
+        })
+    };
+    if inferred != DType::Int64 || ints().all(|i| i <= i64::MAX as i128) {
+        return Ok(inferred);
+    }
+    if ints().all(|i| i >= 0) {
+        return Ok(DType::UInt64);
+    }
+    Err(Error::Overflow(
+        "no integer dtype holds all of these Python integers (some exceed int64, some are \
+         negative); give a dtype"
+            .into(),
+    ))
+}
+
+/// A numpy scalar (`np.float32(2)`, not a 0-d array) as its value and dtype, read through its
+/// attributes (cheaper than importing it as an array); `None` for anything else, and for
+/// dtypes cubridge does not have.
+pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DType)>> {
+    if let Some(known) = super::ndarray::builtin_scalar(obj) {
+        return Ok(Some(known));
+    }
+    let py = obj.py();
+    let Some(generic) = numpy_generic(py)? else {
+        return Ok(None);
+    };
+    if !obj.is_instance(generic)? {
+        return Ok(None);
+    }
+    let value = numpy_value(obj)?;
+    if let Some((_, dtype)) = value {
+        super::ndarray::learn_scalar(obj, dtype);
+    }
+    Ok(value)
+}
+
+/// A numpy scalar's (or 0-d array's) value and dtype; TypeError for a dtype cubridge has not
+/// (a datetime64 is no array of its bytes).
+fn numpy_value(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DType)>> {
+    let dtype = numpy_scalar_dtype(obj)?;
+    let value = python_scalar(&obj.call_method0(pyo3::intern!(obj.py(), "item"))?)?;
+    Ok(value.map(|v| (v, dtype)))
+}
+
+/// `numpy.generic`, once numpy is loaded (without numpy there are no numpy scalars).
+pub(super) fn numpy_generic(py: Python<'_>) -> PyResult<Option<&Bound<'_, pyo3::types::PyType>>> {
+    static GENERIC: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
+    if let Some(g) = GENERIC.get(py) {
+        return Ok(Some(g.bind(py)));
+    }
+    let loaded = py
+        .import("sys")?
+        .getattr("modules")?
+        .contains(pyo3::intern!(py, "numpy"))?;
+    if !loaded {
+        return Ok(None);
+    }
+    let g = py
+        .import("numpy")?
+        .getattr("generic")?
+        .cast_into::<pyo3::types::PyType>()?;
+    Ok(Some(GENERIC.get_or_init(py, || g.unbind()).bind(py)))
+}
+
+/// A numpy scalar (`np.float64(1.0)`, `np.int8(3)`, a 0-d array) as its value and dtype, for
+/// the elements of a nested sequence, which numpy accepts too.
+fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Element>> {
+    let py = obj.py();
+    let from_numpy = obj
+        .get_type()
+        .module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"));
+    if !from_numpy
+        || !obj
+            .getattr(pyo3::intern!(py, "ndim"))?
+            .extract::<usize>()
+            .is_ok_and(|n| n == 0)
+    {
+        return Ok(None);
+    }
+    Ok(numpy_value(obj)?.map(|(v, d)| (v, Some(d))))
+}
+
+fn flatten(
+    obj: &Bound<'_, PyAny>,
+    depth: usize,
+    shape: &mut Vec<usize>,
+    values: &mut Vec<Element>,
+) -> PyResult<()> {
+    let scalar = match python_scalar(obj)? {
+        Some(v) => Some((v, None)),
+        None => numpy_scalar(obj)?,
+    };
+    if let Some(v) = scalar {
+        if depth != shape.len() {
+            return Err(Error::invalid("nested sequences have inconsistent depths").into());
+        }
+        values.push(v);
+        return Ok(());
+    }
+    if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
+        return Err(PyTypeError::new_err(format!(
+            "cannot put a {} into an array",
+            obj.get_type().name()?
+        )));
+    }
+    if depth >= crate::layout::MAX_NDIM {
+        return Err(Error::invalid(format!(
+            "sequence nesting is deeper than the {} dimensions cubridge supports",
+            crate::layout::MAX_NDIM
+        ))
+        .into());
+    }
+    // What iteration yields is what counts: a sequence's __len__ may disagree with it.
+    let items = obj.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+    let len = items.len();
+    if depth == shape.len() {
+        if !values.is_empty() {
+            return Err(Error::invalid("nested sequences have inconsistent depths").into());
+        }
+        shape.push(len);
+    } else if shape[depth] != len {
+        return Err(Error::invalid(format!(
+            "nested sequences have inconsistent lengths at depth {depth}: {} and {len}",
+            shape[depth]
+        ))
+        .into());
+    }
+    for item in &items {
+        flatten(item, depth + 1, shape, values)?;
+    }
+    Ok(())
+}
