@@ -42,8 +42,15 @@ pub enum Error {
     Overflow(String),
     /// A write into memory that its producer marked read-only.
     ReadOnly(String),
-    /// A DLPack export request that the producer refuses (maps to `BufferError`).
+    /// A DLPack export request that the producer refuses, or a buffer-protocol request cubridge
+    /// refuses (maps to `BufferError`).
     Export(String),
+    /// An argument of a type that cubridge cannot read or take where it was given (maps to
+    /// `TypeError`).
+    WrongType(String),
+    /// An attribute that this array does not have (maps to `AttributeError`): the CUDA array
+    /// interface of host memory, say.
+    NoAttribute(String),
     /// A host or device allocation failed.
     OutOfMemory {
         /// The requested size in bytes.
@@ -82,6 +89,21 @@ impl Error {
         Error::Invalid(message.into())
     }
 
+    /// Shorthand for [`Error::Export`].
+    pub fn export(message: impl Into<String>) -> Self {
+        Error::Export(message.into())
+    }
+
+    /// Shorthand for [`Error::WrongType`].
+    pub fn wrong_type(message: impl Into<String>) -> Self {
+        Error::WrongType(message.into())
+    }
+
+    /// Shorthand for [`Error::NoAttribute`].
+    pub fn no_attribute(message: impl Into<String>) -> Self {
+        Error::NoAttribute(message.into())
+    }
+
     /// The CUDA driver's result code of a failed driver call.
     pub fn cuda_code(&self) -> Option<CUresult> {
         match self {
@@ -113,7 +135,9 @@ impl fmt::Display for Error {
             Error::Invalid(message)
             | Error::Overflow(message)
             | Error::ReadOnly(message)
-            | Error::Export(message) => f.write_str(message),
+            | Error::Export(message)
+            | Error::WrongType(message)
+            | Error::NoAttribute(message) => f.write_str(message),
             Error::OutOfMemory { bytes, device } => {
                 write!(f, "could not allocate {bytes} bytes on {device}")
             }

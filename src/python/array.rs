@@ -14,7 +14,6 @@ use crate::ops;
 use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::python::{export_dlpack, CudaStreamRequest, DlpackExporter, ExportAbi, ExportRequest};
 use dlpark::{DlpackFlags, Managed};
-use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use pyo3::IntoPyObjectExt;
@@ -43,9 +42,10 @@ impl PyArray {
     /// `builtin(value)` for a 0-d array (numpy 2 converts no other).
     fn convert(&self, py: Python<'_>, builtin: &str) -> PyResult<Py<PyAny>> {
         if self.inner.ndim() != 0 {
-            return Err(PyTypeError::new_err(
+            return Err(Error::wrong_type(
                 "only 0-dimensional arrays can be converted to Python scalars",
-            ));
+            )
+            .into());
         }
         let value = self.element(py)?;
         Ok(py
@@ -88,10 +88,10 @@ fn bfloat16_view<'py>(slf: &Bound<'py, PyArray>) -> PyResult<Bound<'py, PyAny>> 
     let py = slf.py();
     let array = &slf.get().inner;
     let refused = |why: &str| {
-        PyTypeError::new_err(format!(
+        PyErr::from(Error::wrong_type(format!(
             "numpy has no {}{why}; torch.from_dlpack(x) reads it without a copy",
             array.dtype()
-        ))
+        )))
     };
     if array.dtype() != crate::DType::BFloat16 {
         return Err(refused(""));
@@ -194,12 +194,14 @@ impl PyArray {
     fn __bool__(&self, py: Python<'_>) -> PyResult<bool> {
         match self.inner.numel() {
             1 => self.element(py)?.bind(py).is_truthy(),
-            0 => Err(PyValueError::new_err(
+            0 => Err(Error::invalid(
                 "the truth value of an empty array is ambiguous; use a.size > 0",
-            )),
-            _ => Err(PyValueError::new_err(
+            )
+            .into()),
+            _ => Err(Error::invalid(
                 "the truth value of an array with more than one element is ambiguous",
-            )),
+            )
+            .into()),
         }
     }
 
@@ -221,9 +223,7 @@ impl PyArray {
     fn __len__(&self) -> PyResult<usize> {
         match self.inner.shape().first() {
             Some(&n) => Ok(n),
-            None => Err(pyo3::exceptions::PyTypeError::new_err(
-                "len() of a 0-d array",
-            )),
+            None => Err(Error::wrong_type("len() of a 0-d array").into()),
         }
     }
 
@@ -269,32 +269,34 @@ impl PyArray {
         let own = self.inner.device();
         if own == Device::Cpu && stream.as_ref().is_some_and(|s| !s.is_none()) {
             // The DLPack protocol has no streams for host memory; numpy refuses them too.
-            return Err(PyBufferError::new_err(
-                "a CPU array's __dlpack__ takes stream=None only",
-            ));
+            return Err(Error::export("a CPU array's __dlpack__ takes stream=None only").into());
         }
         let request = ExportRequest::parse(stream.as_ref(), max_version, dl_device, copy)?;
         let target = match request.device() {
             Some(d) => Device::from_dlpack(d).map_err(|e| {
-                PyBufferError::new_err(format!("cannot export to the requested device: {e}"))
+                PyErr::from(Error::export(format!(
+                    "cannot export to the requested device: {e}"
+                )))
             })?,
             None => own,
         };
         let zero_copy = target == own && copy != Some(true);
         if zero_copy && request.abi() == ExportAbi::Legacy && self.inner.readonly() {
             // (A copy is the consumer's own and writable: the legacy ABI serves it.)
-            return Err(PyBufferError::new_err(
+            return Err(Error::export(
                 "this array is read-only and the legacy DLPack ABI cannot say so; \
                  ask for max_version=(1, 0) or later, or copy=True",
-            ));
+            )
+            .into());
         }
         if zero_copy {
             return export_dlpack(&Exporter(&self.inner), py, request);
         }
         if copy == Some(false) {
-            return Err(PyBufferError::new_err(format!(
+            return Err(Error::export(format!(
                 "copy=False but the array is on {own} and {target} was requested"
-            )));
+            ))
+            .into());
         }
         let src = &self.inner;
         let copied = py.detach(|| ops::copy(src, src.dtype(), target))?;
@@ -373,11 +375,12 @@ impl PyArray {
         let py = slf.py();
         let array = &slf.get().inner;
         if !array.device().is_host_accessible() {
-            return Err(PyTypeError::new_err(format!(
+            return Err(Error::wrong_type(format!(
                 "the array is on {}, and numpy reads host memory only: copy it with x.to_numpy() \
                  or numpy.from_dlpack(x, device='cpu')",
                 array.device()
-            )));
+            ))
+            .into());
         }
         let numpy = py.import("numpy")?;
         let kwargs = pyo3::types::PyDict::new(py);

@@ -1,9 +1,11 @@
 //! The one mapping from [`Error`] to Python exceptions, and cubridge's own exception classes.
+//! The rest of `python/` builds no exceptions: it returns [`Error`] values, converted here.
 
 use crate::error::Error;
 use pyo3::create_exception;
 use pyo3::exceptions::{
-    PyBufferError, PyMemoryError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
+    PyAttributeError, PyBufferError, PyMemoryError, PyOverflowError, PyRuntimeError, PyTypeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 
@@ -32,9 +34,10 @@ impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let message = e.to_string();
         match e {
-            Error::UnsupportedDType(_) | Error::DTypeMismatch { .. } => {
+            Error::UnsupportedDType(_) | Error::DTypeMismatch { .. } | Error::WrongType(_) => {
                 PyTypeError::new_err(message)
             }
+            Error::NoAttribute(_) => PyAttributeError::new_err(message),
             Error::UnsupportedDevice(_)
             | Error::DeviceMismatch { .. }
             | Error::Broadcast { .. }

@@ -6,7 +6,7 @@
 use crate::array::Array;
 use crate::cuda::stream as cs;
 use crate::device::Device;
-use pyo3::exceptions::PyAttributeError;
+use crate::error::Error;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -47,16 +47,17 @@ pub fn hand_over(array: &Array, reader: Reader) -> crate::Result<()> {
 /// work. (Pinned host memory has none: consumers would take it for device memory.)
 pub fn cuda_array_interface<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyDict>> {
     if !matches!(array.device(), Device::Cuda(_) | Device::CudaManaged) {
-        return Err(PyAttributeError::new_err(format!(
+        return Err(Error::no_attribute(format!(
             "__cuda_array_interface__ describes CUDA device or managed memory; this array is on {}",
             array.device()
-        )));
+        ))
+        .into());
     }
     let typestr = array.dtype().typestr().ok_or_else(|| {
-        PyAttributeError::new_err(format!(
+        PyErr::from(Error::no_attribute(format!(
             "the CUDA array interface has no typestr for {}; use DLPack",
             array.dtype()
-        ))
+        )))
     })?;
     let d = PyDict::new(py);
     d.set_item("shape", PyTuple::new(py, array.shape())?)?;

@@ -17,8 +17,11 @@ use crate::ops;
 use pyo3::prelude::*;
 
 fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
-    let not_ints =
-        || pyo3::exceptions::PyTypeError::new_err("shape must be an int or a sequence of ints");
+    let not_ints = || {
+        PyErr::from(Error::wrong_type(
+            "shape must be an int or a sequence of ints",
+        ))
+    };
     // An integer (Python's or numpy's: anything with __index__) that does not fit is too large,
     // not of the wrong type.
     let dim = |d: &Bound<'_, PyAny>| -> PyResult<i64> {
@@ -95,10 +98,11 @@ fn creation_value(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Scalar, DType
     if let Some((v, d)) = typed_numpy_scalar(obj)? {
         return Ok((v, d));
     }
-    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+    Err(Error::wrong_type(format!(
         "{what} must be a bool, int, float or complex (Python's or numpy's), not {}",
         super::import::type_name(obj)
-    )))
+    ))
+    .into())
 }
 
 /// A new array with every element `fill_value`; its dtype, when none is given, is the value's
@@ -413,10 +417,10 @@ pub fn cuda_memory_stats<'py>(
 #[pyfunction]
 pub fn cuda_record_stream(array: &Bound<'_, PyAny>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
     let array = array.cast::<PyArray>().map_err(|_| {
-        pyo3::exceptions::PyTypeError::new_err(format!(
+        PyErr::from(Error::wrong_type(format!(
             "record_stream takes a cubridge.Array, not {}",
             super::import::type_name(array)
-        ))
+        )))
     })?;
     let array = &array.get().inner;
     let crate::Device::Cuda(_) = array.device() else {

@@ -7,7 +7,6 @@ use crate::error::Error;
 use crate::ops::elementwise::spec::Spec;
 use crate::ops::elementwise::{Arg, ElementwiseKernel};
 use crate::ops::raw::{RawArg, RawKernel};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -90,20 +89,21 @@ impl PyElementwiseKernel {
         let args: Vec<Bound<'_, PyAny>> = args.iter().collect();
         let outs = if args.len() == nin + nout {
             if out.is_some_and(|o| !o.is_none()) {
-                return Err(PyTypeError::new_err(
-                    "outputs given both positionally and as out=",
-                ));
+                return Err(
+                    Error::wrong_type("outputs given both positionally and as out=").into(),
+                );
             }
             args[nin..].iter().map(|o| Some(o.clone())).collect()
         } else if args.len() == nin {
             out_objects(out, nout)?
         } else {
-            return Err(PyTypeError::new_err(format!(
+            return Err(Error::wrong_type(format!(
                 "{} takes {nin} input(s), optionally followed by its {nout} output(s); got {} \
                  argument(s)",
                 spec.name,
                 args.len()
-            )));
+            ))
+            .into());
         };
         let explicit = super::stream::parse(stream)?;
         let objs: Vec<Option<&Bound<'_, PyAny>>> = args[..nin]
@@ -163,8 +163,11 @@ pub struct PyRawKernel {
 /// A grid or block: an int or a tuple of up to three, each at least 1 and at most what CUDA
 /// launches (`limits`: x, y, z).
 fn dims(obj: &Bound<'_, PyAny>, what: &str, limits: [u32; 3]) -> PyResult<[u32; 3]> {
-    let shape_error =
-        || PyTypeError::new_err(format!("{what} must be an int or a tuple of up to 3 ints"));
+    let shape_error = || {
+        PyErr::from(Error::wrong_type(format!(
+            "{what} must be an int or a tuple of up to 3 ints"
+        )))
+    };
     let values: Vec<i128> = if let Ok(v) = obj.extract::<i128>() {
         vec![v]
     } else {
@@ -243,16 +246,17 @@ impl PyRawKernel {
             dims(block, "block", BLOCK_LIMITS)?,
         );
         if !(args.is_instance_of::<PyTuple>() || args.is_instance_of::<PyList>()) {
-            return Err(PyTypeError::new_err("args must be a tuple or a list"));
+            return Err(Error::wrong_type("args must be a tuple or a list").into());
         }
         let objs: Vec<Bound<'_, PyAny>> = args.try_iter()?.collect::<PyResult<_>>()?;
         for o in &objs {
             if super::import::python_scalar(o)?.is_some() {
-                return Err(PyTypeError::new_err(format!(
+                return Err(Error::wrong_type(format!(
                     "a raw kernel cannot tell which C type a Python {} is; pass a numpy scalar \
                      of the parameter's type (numpy.int32(n), numpy.float32(x), ...)",
                     super::import::type_name(o)
-                )));
+                ))
+                .into());
             }
         }
         let refs: Vec<Option<&Bound<'_, PyAny>>> = objs.iter().map(Some).collect();

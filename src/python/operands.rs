@@ -96,10 +96,11 @@ pub fn import_operands(
             },
         };
         if let (Some(_), Access::Write, Some(o)) = (&value, access[k], obj) {
-            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            return Err(Error::wrong_type(format!(
                 "a kernel output must be an array, not {}",
                 type_name(o)
-            )));
+            ))
+            .into());
         }
         values.push(value);
     }

@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::view::{from_descriptor, Descriptor};
-use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::ffi::{c_int, CString};
@@ -48,22 +48,24 @@ pub unsafe fn fill(
     flags: c_int,
 ) -> PyResult<()> {
     if view.is_null() {
-        return Err(PyBufferError::new_err("NULL Py_buffer"));
+        return Err(Error::export("NULL Py_buffer").into());
     }
     if !array.device().is_host_accessible() {
-        return Err(PyBufferError::new_err(format!(
+        return Err(Error::export(format!(
             "an array on {} has no buffer protocol (the host cannot read it); use DLPack",
             array.device()
-        )));
+        ))
+        .into());
     }
     let Some(format) = array.dtype().buffer_format() else {
-        return Err(PyBufferError::new_err(format!(
+        return Err(Error::export(format!(
             "{} has no buffer-protocol format; use DLPack",
             array.dtype()
-        )));
+        ))
+        .into());
     };
     if has(flags, ffi::PyBUF_WRITABLE) && array.readonly() {
-        return Err(PyBufferError::new_err("the array is read-only"));
+        return Err(Error::export("the array is read-only").into());
     }
     let c = array.layout().is_contiguous();
     let f = is_f_contiguous(array);
@@ -77,9 +79,10 @@ pub unsafe fn fill(
         true
     };
     if !contiguity_ok {
-        return Err(PyBufferError::new_err(
+        return Err(Error::export(
             "the array is not contiguous in the way the buffer request needs",
-        ));
+        )
+        .into());
     }
     let itemsize = array.dtype().itemsize() as isize;
     let mut dims: Vec<isize> = array.shape().iter().map(|&d| d as isize).collect();

@@ -9,7 +9,7 @@ use crate::dtype::DType;
 use crate::error::Error;
 use crate::python::stream::Use;
 use crate::view::{from_descriptor, Descriptor};
-use pyo3::exceptions::{PyAttributeError, PyTypeError};
+use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -73,7 +73,7 @@ pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
     };
     let d = cai
         .cast::<PyDict>()
-        .map_err(|_| PyTypeError::new_err("__cuda_array_interface__ must be a dict"))?;
+        .map_err(|_| PyErr::from(Error::wrong_type("__cuda_array_interface__ must be a dict")))?;
     let version: i64 = get(d, "version")?
         .ok_or_else(|| bad("missing 'version'"))?
         .extract()

@@ -8,6 +8,7 @@ use super::{forbids_writes, is_capsule, is_numpy_ndarray, no_capsule, Imported};
 use crate::cuda::stream::Stream;
 use crate::device::Device;
 use crate::dtype::Kind;
+use crate::error::Error;
 use crate::python::stream::{Consumer, Use};
 use crate::python::types::PyArray;
 use crate::view::from_managed;
@@ -15,7 +16,7 @@ use dlpark::ffi::DLDeviceType;
 use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::python::{from_dlpack as dlpark_import, DlpackStream, ImportRequest, ImportedDlpack};
 use dlpark::DlpackFlags;
-use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -294,10 +295,13 @@ fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
     } else {
         return None;
     };
-    Some(PyBufferError::new_err(format!(
-        "the tensor has its {bit} bit set: its values are not its memory, which DLPack cannot \
+    Some(
+        Error::export(format!(
+            "the tensor has its {bit} bit set: its values are not its memory, which DLPack cannot \
          describe; pass t.{fix}()"
-    )))
+        ))
+        .into(),
+    )
 }
 
 /// The `max_version` cubridge passes to `__dlpack__`: the newest DLPack it reads.
@@ -362,10 +366,11 @@ fn check_announced(announced: Announced, actual: Device) -> PyResult<()> {
     if consistent {
         return Ok(());
     }
-    Err(PyValueError::new_err(format!(
+    Err(Error::invalid(format!(
         "the producer announced DLPack device {announced:?} in __dlpack_device__ but exported \
          memory on {actual}"
-    )))
+    ))
+    .into())
 }
 
 /// DLPack import: a versioned capsule is asked for first, with `consumer` as the stream for
@@ -394,7 +399,9 @@ fn as_export_refusal(py: Python<'_>, e: PyErr) -> PyErr {
     }
     let message = e.value(py).to_string();
     let first = message.lines().next().unwrap_or("").trim();
-    PyBufferError::new_err(format!("the DLPack export was refused: {first}"))
+    PyErr::from(Error::export(format!(
+        "the DLPack export was refused: {first}"
+    )))
 }
 
 fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {

@@ -92,16 +92,19 @@ pub fn write_refusal(obj: &Bound<'_, PyAny>, what: &str) -> Option<PyErr> {
     }
     let facts = type_facts(obj);
     if facts.immutable {
-        return Some(PyValueError::new_err(format!(
-            "{what} is a JAX array, which is immutable (other arrays may share its memory): \
+        return Some(
+            Error::invalid(format!(
+                "{what} is a JAX array, which is immutable (other arrays may share its memory): \
              cubridge does not write into it; leave out out= and use the result"
-        )));
+            ))
+            .into(),
+        );
     }
     (facts.grad && requires_grad(obj)).then(|| {
-        PyBufferError::new_err(format!(
+        PyErr::from(Error::export(format!(
             "{what} requires grad: writing it in place would hide the write from autograd; \
              pass .detach() or a tensor that does not require grad"
-        ))
+        )))
     })
 }
 
@@ -113,10 +116,10 @@ fn numpy_scalar_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     let typestr = dtype.getattr(pyo3::intern!(obj.py(), "str"))?;
     DType::from_typestr(typestr.extract::<&str>()?).map_err(|_| {
         let shown = dtype.str().map_or_else(|_| "?".into(), |s| s.to_string());
-        PyTypeError::new_err(format!(
+        PyErr::from(Error::wrong_type(format!(
             "unsupported dtype: cubridge cannot read a numpy {} scalar (dtype {shown})",
             type_name(obj)
-        ))
+        )))
     })
 }
 
@@ -192,11 +195,12 @@ fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
             copied: false,
         });
     }
-    Err(PyTypeError::new_err(format!(
+    Err(Error::wrong_type(format!(
         "cubridge cannot read a {}: it needs __dlpack__, a DLPack capsule, \
          __cuda_array_interface__ or the buffer protocol",
         obj.get_type().name()?
-    )))
+    ))
+    .into())
 }
 
 /// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise).
@@ -252,10 +256,10 @@ fn not_a_capsule(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
 
 /// The TypeError for a `__dlpack__` that returned `returned`, which is no capsule.
 fn no_capsule(returned: &Bound<'_, PyAny>) -> PyErr {
-    PyTypeError::new_err(format!(
+    PyErr::from(Error::wrong_type(format!(
         "__dlpack__ returned a {}, not a DLPack capsule",
         type_name(returned)
-    ))
+    )))
 }
 
 /// TypeError naming `obj`'s dtype when it has one that cubridge has no dtype for (its producer
@@ -266,10 +270,13 @@ fn unsupported_dtype(obj: &Bound<'_, PyAny>) -> Option<PyErr> {
         return None;
     }
     let shown = dtype.str().map_or_else(|_| "?".into(), |s| s.to_string());
-    Some(PyTypeError::new_err(format!(
-        "unsupported dtype: cubridge cannot read a {} of dtype {shown}",
-        type_name(obj)
-    )))
+    Some(
+        Error::wrong_type(format!(
+            "unsupported dtype: cubridge cannot read a {} of dtype {shown}",
+            type_name(obj)
+        ))
+        .into(),
+    )
 }
 
 /// Applies the Array API `copy` / `dtype` / `device` rules to an imported array: no copy unless
@@ -286,12 +293,13 @@ pub fn finish(
     let device_target = device.unwrap_or(array.device());
     let needs_copy = dtype_target != array.dtype() || device_target != array.device();
     if copy == Some(false) && copied {
-        return Err(PyBufferError::new_err(format!(
+        return Err(Error::export(format!(
             "copy=False, but the producer exported a copy of its {} array on {} (the DLPack \
              IS_COPIED flag), not its own memory",
             array.dtype(),
             array.device()
-        )));
+        ))
+        .into());
     }
     if copy == Some(false) && needs_copy {
         return Err(Error::invalid(format!(

@@ -9,7 +9,6 @@ use crate::device::Device;
 use crate::dtype::{DType, Kind};
 use crate::error::Error;
 use crate::ops;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
 
@@ -234,10 +233,11 @@ fn flatten(
         return Ok(());
     }
     if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
-        return Err(PyTypeError::new_err(format!(
+        return Err(Error::wrong_type(format!(
             "cannot put a {} into an array",
             obj.get_type().name()?
-        )));
+        ))
+        .into());
     }
     if depth >= crate::layout::MAX_NDIM {
         return Err(Error::invalid(format!(
