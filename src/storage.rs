@@ -224,7 +224,7 @@ impl Buffer {
     /// device block of cubridge's), so that a kernel using it need not hold it alive.
     fn frees_in_stream_order(&self) -> bool {
         matches!(&self.owner, Owner::Storage(Storage::Cuda(alloc))
-            if matches!(alloc.kind(), crate::cuda::memory::Kind::Device { pooled: true, .. }))
+            if matches!(alloc.kind(), crate::cuda::memory::MemoryKind::Device { pooled: true, .. }))
     }
 
     /// Records that a kernel of cubridge's uses this memory on `stream`, with `event` after it

@@ -22,7 +22,7 @@
 //! waits would otherwise be refused while any thread captures a graph in the global mode (the
 //! default of `torch.cuda.graph`), and would invalidate that capture.
 
-use super::memory::{release_now, Kind};
+use super::memory::{release_now, MemoryKind};
 use super::stream::{self, Event, Stream, Write, LEGACY};
 use super::{check, context};
 use crate::error::Result;
@@ -45,8 +45,8 @@ pub struct Uses {
 }
 
 /// Frees `ptr` (of `kind`) after `uses`, without blocking the calling thread.
-pub(super) fn free(ptr: u64, kind: Kind, uses: Uses) {
-    if let Kind::Device {
+pub(super) fn free(ptr: u64, kind: MemoryKind, uses: Uses) {
+    if let MemoryKind::Device {
         ordinal,
         pooled: true,
     } = kind
@@ -114,7 +114,7 @@ pub(super) fn free_stream(ordinal: u32) -> Result<Stream> {
 /// A free for the background thread.
 struct Job {
     ptr: u64,
-    kind: Kind,
+    kind: MemoryKind,
     uses: Uses,
 }
 
@@ -195,8 +195,8 @@ fn run(jobs: Vec<Job>) {
     let mut waited: Vec<u32> = Vec::new();
     for job in &jobs {
         let ordinal = match job.kind {
-            Kind::Device { ordinal, .. } => ordinal,
-            Kind::Pinned | Kind::Managed => 0,
+            MemoryKind::Device { ordinal, .. } => ordinal,
+            MemoryKind::Pinned | MemoryKind::Managed => 0,
         };
         if !waited.contains(&ordinal) {
             // Refused while a capture runs (one cubridge did not see begin): wait it out. Any
@@ -224,7 +224,7 @@ fn wait_for_captures(jobs: &[Job]) {
     let mut streams: Vec<(u32, Stream)> =
         CAPTURING.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for job in jobs {
-        if let Kind::Device { ordinal, .. } = job.kind {
+        if let MemoryKind::Device { ordinal, .. } = job.kind {
             streams.extend(job.uses.streams.iter().map(|&s| (ordinal, s)));
         }
     }

@@ -30,7 +30,7 @@ const EMPTY_ADDRESS: usize = 64;
 
 /// What kind of CUDA memory an allocation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum MemoryKind {
     /// Device memory on one device.
     Device {
         /// The device.
@@ -49,7 +49,7 @@ pub enum Kind {
 pub struct CudaAlloc {
     ptr: u64,
     bytes: usize,
-    kind: Kind,
+    kind: MemoryKind,
     uses: Uses,
 }
 
@@ -285,7 +285,7 @@ impl CudaAlloc {
     /// after `stream` first (the caller records the allocation as `stream`'s pending write).
     pub fn device(bytes: usize, ordinal: u32, stream: Stream, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(ordinal)?;
-        let mut kind = Kind::Device {
+        let mut kind = MemoryKind::Device {
             ordinal,
             pooled: true,
         };
@@ -311,7 +311,7 @@ impl CudaAlloc {
         })
         .map_err(oom(bytes, device))?;
         if pool.is_none() {
-            kind = Kind::Device {
+            kind = MemoryKind::Device {
                 ordinal,
                 pooled: false,
             };
@@ -332,7 +332,7 @@ impl CudaAlloc {
     /// every replay. Freed after waiting for the device, on the background thread.
     pub fn device_outside_pool(bytes: usize, ordinal: u32) -> Result<CudaAlloc> {
         context::bind(ordinal)?;
-        let kind = Kind::Device {
+        let kind = MemoryKind::Device {
             ordinal,
             pooled: false,
         };
@@ -351,7 +351,7 @@ impl CudaAlloc {
     pub fn pinned(bytes: usize, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(0)?;
         if bytes == 0 {
-            return Ok(CudaAlloc::new(0, 0, Kind::Pinned));
+            return Ok(CudaAlloc::new(0, 0, MemoryKind::Pinned));
         }
         let ptr = with_retries(0, || {
             // SAFETY: a context is current; flags 0 is plain pinned memory.
@@ -363,14 +363,14 @@ impl CudaAlloc {
             // SAFETY: `ptr` addresses `bytes` writable host bytes.
             unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
         }
-        Ok(CudaAlloc::new(ptr as u64, bytes, Kind::Pinned))
+        Ok(CudaAlloc::new(ptr as u64, bytes, MemoryKind::Pinned))
     }
 
     /// Allocates `bytes` of managed memory, zeroed if asked.
     pub fn managed(bytes: usize, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(0)?;
         if bytes == 0 {
-            return Ok(CudaAlloc::new(0, 0, Kind::Managed));
+            return Ok(CudaAlloc::new(0, 0, MemoryKind::Managed));
         }
         let ptr = with_retries(0, || {
             // SAFETY: a context is current; global attachment makes it usable from any stream.
@@ -386,10 +386,10 @@ impl CudaAlloc {
             // SAFETY: managed memory is host-accessible; nothing else uses it yet.
             unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
         }
-        Ok(CudaAlloc::new(ptr, bytes, Kind::Managed))
+        Ok(CudaAlloc::new(ptr, bytes, MemoryKind::Managed))
     }
 
-    fn new(ptr: u64, bytes: usize, kind: Kind) -> CudaAlloc {
+    fn new(ptr: u64, bytes: usize, kind: MemoryKind) -> CudaAlloc {
         CudaAlloc {
             ptr,
             bytes,
@@ -409,7 +409,7 @@ impl CudaAlloc {
     }
 
     /// What kind of memory this is.
-    pub fn kind(&self) -> Kind {
+    pub fn kind(&self) -> MemoryKind {
         self.kind
     }
 
@@ -425,7 +425,7 @@ impl Drop for CudaAlloc {
         if self.ptr == 0 {
             return;
         }
-        if let Kind::Device { ordinal, .. } = self.kind {
+        if let MemoryKind::Device { ordinal, .. } = self.kind {
             count(ordinal, self.bytes, false);
         }
         free::free(self.ptr, self.kind, std::mem::take(&mut self.uses));
@@ -555,11 +555,11 @@ pub fn mem_info(ordinal: u32) -> Result<(usize, usize)> {
 /// # Safety
 /// `ptr` is a live allocation of `kind`, freed only here, and no queued work still uses it (or,
 /// for a pooled block, all such work is ordered before the legacy default stream's next work).
-pub(super) unsafe fn release_now(ptr: u64, kind: Kind) {
+pub(super) unsafe fn release_now(ptr: u64, kind: MemoryKind) {
     let _restore = context::Restore::new();
     let ordinal = match kind {
-        Kind::Device { ordinal, .. } => ordinal,
-        Kind::Pinned | Kind::Managed => 0,
+        MemoryKind::Device { ordinal, .. } => ordinal,
+        MemoryKind::Pinned | MemoryKind::Managed => 0,
     };
     if context::bind(ordinal).is_err() {
         // The driver is gone (interpreter exit after teardown): nothing to give back.
@@ -568,9 +568,13 @@ pub(super) unsafe fn release_now(ptr: u64, kind: Kind) {
     // SAFETY: the caller's contract; errors (a context already torn down) are ignored.
     let _ = unsafe {
         match kind {
-            Kind::Device { pooled: true, .. } => sys::cuMemFreeAsync(ptr, LEGACY.handle()).result(),
-            Kind::Device { pooled: false, .. } | Kind::Managed => result::free_sync(ptr),
-            Kind::Pinned => result::free_host(ptr as *mut c_void),
+            MemoryKind::Device { pooled: true, .. } => {
+                sys::cuMemFreeAsync(ptr, LEGACY.handle()).result()
+            }
+            MemoryKind::Device { pooled: false, .. } | MemoryKind::Managed => {
+                result::free_sync(ptr)
+            }
+            MemoryKind::Pinned => result::free_host(ptr as *mut c_void),
         }
     };
 }

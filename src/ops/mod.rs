@@ -9,6 +9,19 @@ pub mod launch;
 pub mod plan;
 pub mod raw;
 
+use crate::array::Array;
+use crate::cpu::element::Scalar;
+use crate::dtype::DType;
+
+/// One operand of a kernel call: an array (zero-copy), or a value for every index, with the
+/// dtype it came with (`numpy.float32(2)`, a 0-d host array) or none (a Python scalar).
+pub enum Arg {
+    /// An array from any producer.
+    Array(Array),
+    /// A scalar.
+    Value(Scalar, Option<DType>),
+}
+
 pub use add::add;
 pub use copy::copy;
 pub use create::{arange, full};

@@ -4,25 +4,15 @@
 //! the kernel has run.
 
 use crate::array::Array;
-use crate::cpu::element::Scalar;
 use crate::cuda::kernels::{self, Program};
 use crate::cuda::launch::{self as cuda_launch, Params};
 use crate::cuda::stream::Stream;
 use crate::device::Device;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::launch::Launch;
+use crate::ops::Arg;
 use std::collections::HashMap;
 use std::sync::Mutex;
-
-/// One argument of a raw kernel: an array, passed as a pointer to its first element, or a
-/// value of a dtype, passed as that C type.
-pub enum RawArg {
-    /// An array on the kernel's device.
-    Array(Array),
-    /// A value stored as `DType`.
-    Value(Scalar, DType),
-}
 
 /// Dynamic shared memory a block may use without opting in.
 const SHARED_DEFAULT: u32 = 48 << 10;
@@ -117,7 +107,7 @@ impl RawKernel {
         &self,
         grid: [u32; 3],
         block: [u32; 3],
-        args: &[RawArg],
+        args: &[Arg],
         shared: u32,
         stream: Stream,
     ) -> Result<()> {
@@ -128,8 +118,8 @@ impl RawKernel {
         let arrays: Vec<&Array> = args
             .iter()
             .filter_map(|a| match a {
-                RawArg::Array(x) => Some(x),
-                RawArg::Value(..) => None,
+                Arg::Array(x) => Some(x),
+                Arg::Value(..) => None,
             })
             .collect();
         let device = crate::ops::launch::kernel_device(
@@ -143,8 +133,13 @@ impl RawKernel {
         let mut params = Params::new();
         for arg in args {
             match arg {
-                RawArg::Array(a) => params.push(a.data_ptr()),
-                RawArg::Value(v, dtype) => {
+                Arg::Array(a) => params.push(a.data_ptr()),
+                Arg::Value(_, None) => {
+                    return Err(Error::invalid(
+                        "a raw kernel's value needs a dtype (its C type): pass a numpy scalar",
+                    ))
+                }
+                Arg::Value(v, Some(dtype)) => {
                     crate::ops::create::check_value_kind(*v, *dtype, "a raw kernel")?;
                     params.push_bytes(crate::cpu::copy::ElementBytes::new(*dtype, *v).as_bytes());
                 }

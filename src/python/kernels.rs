@@ -1,12 +1,13 @@
 //! `cubridge.ElementwiseKernel` and `cubridge.RawKernel`: users' CUDA kernels on arrays from any
 //! producer. Conversion only; the kernels live in `ops::elementwise` and `ops::raw`.
 
-use super::operands::{import_operands, Access, Operand};
+use super::operands::{import_operands, Access};
 use super::types::PyArray;
 use crate::error::Error;
 use crate::ops::elementwise::spec::Spec;
-use crate::ops::elementwise::{Arg, ElementwiseKernel};
-use crate::ops::raw::{RawArg, RawKernel};
+use crate::ops::elementwise::ElementwiseKernel;
+use crate::ops::raw::RawKernel;
+use crate::ops::Arg;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -116,15 +117,11 @@ impl PyElementwiseKernel {
         let inputs: Vec<Arg> = items
             .by_ref()
             .take(nin)
-            .map(|o| match o {
-                Some(Operand::Array(a)) => Ok(Arg::Array(a)),
-                Some(Operand::Value(v, d)) => Ok(Arg::Value(v, d)),
-                None => Err(Error::invalid("an input is None")),
-            })
+            .map(|o| o.ok_or_else(|| Error::invalid("an input is None")))
             .collect::<Result<_, _>>()?;
         let outputs: Vec<Option<crate::Array>> = items
             .map(|o| match o {
-                Some(Operand::Array(a)) => Some(a),
+                Some(Arg::Array(a)) => Some(a),
                 _ => None,
             })
             .collect();
@@ -263,13 +260,9 @@ impl PyRawKernel {
         // The kernel may write any array it is given: each must be the producer's own memory.
         let access = vec![Access::Any; objs.len()];
         let mut operands = import_operands(&refs, &access, super::stream::parse(stream)?)?;
-        let args: Vec<RawArg> = std::mem::take(&mut operands.items)
+        let args: Vec<Arg> = std::mem::take(&mut operands.items)
             .into_iter()
-            .map(|o| match o {
-                Some(Operand::Array(a)) => Ok(RawArg::Array(a)),
-                Some(Operand::Value(v, Some(d))) => Ok(RawArg::Value(v, d)),
-                _ => Err(Error::invalid("an argument could not be read")),
-            })
+            .map(|o| o.ok_or_else(|| Error::invalid("an argument could not be read")))
             .collect::<Result<_, _>>()?;
         py.detach(|| -> crate::Result<()> {
             operands.order()?;

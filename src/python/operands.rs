@@ -9,26 +9,16 @@ use super::import::{
 use super::stream::Use;
 use super::types::PyArray;
 use crate::array::Array;
-use crate::cpu::element::Scalar;
 use crate::cuda::stream::{Stream, LEGACY};
 use crate::device::Device;
-use crate::dtype::DType;
 use crate::error::Error;
+use crate::ops::Arg;
 use pyo3::prelude::*;
-
-/// One operand as imported.
-pub enum Operand {
-    /// An array, viewed in place.
-    Array(Array),
-    /// A scalar, with its dtype when it came with one (a numpy scalar or another 0-d host
-    /// array), `None` for a Python scalar.
-    Value(Scalar, Option<DType>),
-}
 
 /// Operands imported together, with the stream their kernel runs on.
 pub struct Operands {
     /// One per object asked for; `None` where the object was `None`.
-    pub items: Vec<Option<Operand>>,
+    pub items: Vec<Option<Arg>>,
     /// The stream the kernel runs on: the caller's, else the first operand's producer's current
     /// work stream where it names one (the DLPack exchange table: PyTorch; a version-3 CUDA
     /// array interface: Numba; CuPy's current stream), else the legacy default stream.
@@ -84,15 +74,15 @@ pub fn import_operands(
 ) -> PyResult<Operands> {
     // Scalars first (Python's, then numpy's, read by value); the rest may come through the
     // exchange table, which also names the producer's stream.
-    let mut values: Vec<Option<Operand>> = Vec::with_capacity(objs.len());
+    let mut values: Vec<Option<Arg>> = Vec::with_capacity(objs.len());
     for (k, obj) in objs.iter().enumerate() {
         let value = match obj {
             // cubridge's own arrays, the common case, are no scalars.
             Some(o) if o.cast::<PyArray>().is_ok() => None,
             None => None,
             Some(o) => match python_scalar(o)? {
-                Some(v) => Some(Operand::Value(v, None)),
-                None => typed_numpy_scalar(o)?.map(|(v, d)| Operand::Value(v, Some(d))),
+                Some(v) => Some(Arg::Value(v, None)),
+                None => typed_numpy_scalar(o)?.map(|(v, d)| Arg::Value(v, Some(d))),
             },
         };
         if let (Some(_), Access::Write, Some(o)) = (&value, access[k], obj) {
@@ -123,9 +113,9 @@ pub fn import_operands(
                 // SAFETY: a 0-d host-accessible array has one valid element at its data pointer.
                 let v =
                     unsafe { crate::cpu::copy::read_scalar(array.dtype(), array.data_ptr(), 0) };
-                Operand::Value(v, Some(array.dtype()))
+                Arg::Value(v, Some(array.dtype()))
             } else {
-                Operand::Array(array)
+                Arg::Array(array)
             },
         );
     }

@@ -10,7 +10,6 @@ pub mod source;
 pub mod spec;
 
 use crate::array::Array;
-use crate::cpu::element::Scalar;
 use crate::cuda::kernels;
 use crate::cuda::stream::Stream;
 use crate::device::Device;
@@ -19,21 +18,13 @@ use crate::error::{Error, Result};
 use crate::layout::broadcast_shapes;
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
+pub use crate::ops::Arg;
 use params::{Kernel, Param};
 use source::{Role, Signature};
 use spec::Spec;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
-
-/// One argument of a call: an array (zero-copy), or a value for every index, with the dtype it
-/// came with (`numpy.float32(2)`) or none (a Python scalar).
-pub enum Arg {
-    /// An array from any producer.
-    Array(Array),
-    /// A scalar.
-    Value(Scalar, Option<DType>),
-}
 
 /// The loaded kernels of one signature on one device, and the vector kernel's width.
 #[derive(Clone, Copy)]
@@ -367,7 +358,7 @@ struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
-    fn param(&self, k: usize) -> &'a spec::Param {
+    fn param(&self, k: usize) -> &'a spec::Declared {
         let spec = &self.kernel.spec;
         let nin = spec.inputs.len();
         if k < nin {
@@ -535,6 +526,7 @@ fn name_error(e: Error, name: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::element::Scalar;
 
     fn host(shape: &[usize], dtype: DType) -> Array {
         Array::zeros(shape, dtype, Device::Cpu).unwrap()

@@ -17,7 +17,7 @@ pub enum Type {
 
 /// One declared parameter.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Param {
+pub struct Declared {
     /// Its name in the operation.
     pub name: String,
     /// Its type.
@@ -33,9 +33,9 @@ pub struct Param {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Spec {
     /// Input parameters, in call order.
-    pub inputs: Vec<Param>,
+    pub inputs: Vec<Declared>,
     /// Output parameters, after the inputs.
-    pub outputs: Vec<Param>,
+    pub outputs: Vec<Declared>,
     /// The per-index statement(s).
     pub operation: String,
     /// A C identifier naming the kernel.
@@ -63,7 +63,7 @@ fn is_identifier(s: &str) -> bool {
 }
 
 /// Parses a parameter list: comma-separated `[raw] TYPE NAME` items, or an empty string.
-pub fn parse_params(text: &str, what: &str) -> Result<Vec<Param>> {
+pub fn parse_params(text: &str, what: &str) -> Result<Vec<Declared>> {
     let mut params = Vec::new();
     for item in text.split(',') {
         let words: Vec<&str> = item.split_whitespace().collect();
@@ -92,7 +92,7 @@ pub fn parse_params(text: &str, what: &str) -> Result<Vec<Param>> {
             )));
         }
         let ty = parse_type(ty, what)?;
-        params.push(Param {
+        params.push(Declared {
             name: name.to_string(),
             ty,
             raw,
@@ -147,7 +147,7 @@ impl Spec {
                 "name: {name:?} is not a C identifier"
             )));
         }
-        let all: Vec<&Param> = inputs.iter().chain(&outputs).collect();
+        let all: Vec<&Declared> = inputs.iter().chain(&outputs).collect();
         for (k, p) in all.iter().enumerate() {
             if all[..k].iter().any(|q| q.name == p.name) {
                 return Err(Error::invalid(format!(
@@ -174,7 +174,7 @@ impl Spec {
     }
 
     /// Every parameter, inputs first.
-    pub fn params(&self) -> impl Iterator<Item = &Param> {
+    pub fn params(&self) -> impl Iterator<Item = &Declared> {
         self.inputs.iter().chain(&self.outputs)
     }
 
