@@ -13,7 +13,7 @@ use crate::cpu::element::Scalar;
 use crate::cuda::stream::LEGACY;
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::ops;
+use crate::ops::{self, Arg};
 use pyo3::prelude::*;
 
 fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
@@ -211,12 +211,6 @@ pub fn asarray(
     Ok(PyArray::new(finish(py, imported, dtype, device, copy)?))
 }
 
-/// The second operand of `add`.
-enum Second {
-    Array(Array),
-    Value(crate::cpu::element::Scalar),
-}
-
 /// Largest host add (elements of any operand) that runs without letting the GIL go.
 const HOST_GIL_ELEMENTS: usize = 1 << 14;
 
@@ -248,23 +242,23 @@ pub fn add(
     // One Python scalar beside an array goes to the kernel by value (add commutes, so the
     // array is always the first input); two scalars make a 0-d array on the CPU.
     let (x, y) = match (array_a, array_b, scalar_a, scalar_b) {
-        (Some(x), Some(y), _, _) => (x, Second::Array(y)),
+        (Some(x), Some(y), _, _) => (x, Arg::Array(y)),
         (Some(x), None, _, Some(value)) | (None, Some(x), Some(value), _) => {
-            (x, Second::Value(value))
+            (x, Arg::Value(value, None))
         }
         (None, None, Some(va), Some(vb)) => {
             // Two Python scalars meet in the wider kind, whichever comes first.
             let dtype = widest(default_dtype(va), default_dtype(vb));
             (
                 ops::full(&[], va, dtype, crate::Device::Cpu)?,
-                Second::Value(vb),
+                Arg::Value(vb, None),
             )
         }
         _ => return Err(Error::invalid("add takes arrays and Python scalars").into()),
     };
     let y_host = match &y {
-        Second::Array(y) => y.device().is_host_accessible(),
-        Second::Value(_) => true,
+        Arg::Array(y) => y.device().is_host_accessible(),
+        Arg::Value(..) => true,
     };
     if explicit.is_some() && x.device().is_host_accessible() && y_host {
         return Err(
@@ -280,8 +274,8 @@ pub fn add(
             }
         }
         match &y {
-            Second::Array(y) => ops::add(&x, y, out_array.as_ref(), Some(kernel_stream)),
-            &Second::Value(v) => {
+            Arg::Array(y) => ops::add(&x, y, out_array.as_ref(), Some(kernel_stream)),
+            &Arg::Value(v, _) => {
                 ops::add::add_scalar(&x, v, out_array.as_ref(), Some(kernel_stream))
             }
         }
@@ -290,8 +284,8 @@ pub fn add(
     // costs more than the loop (numpy keeps it for small arrays too). Everything else, CUDA
     // work above all, runs without it.
     let y_array = match &y {
-        Second::Array(y) => Some(y),
-        Second::Value(_) => None,
+        Arg::Array(y) => Some(y),
+        Arg::Value(..) => None,
     };
     let operands = [Some(&x), y_array, out_array.as_ref()];
     // The result's size: the broadcast of the inputs (equal shapes, the common case, need no
