@@ -10,6 +10,12 @@
 
 #define CB_MAX_DIMS 8
 
+// V consecutive elements moved as one aligned access (16 bytes for the widest operand): the
+// vector kernels of add and of users' kernels, and the tiled kernels, move packs.
+template <typename T, int V> struct alignas(sizeof(T) * V) CbPack {
+    T v[V];
+};
+
 // An operand read or written at any strides (elements), over the loop's coalesced shape.
 template <typename T> struct CbStrided {
     T* p;

@@ -3,7 +3,7 @@
 // fits, each a grid-stride loop taking its second input as an array or as one value.
 
 // Contiguous operands. I is the index type: unsigned int when n < 2^31 (cheaper arithmetic),
-// else long long. With V > 1 every pointer is aligned to its Pack (the host checks); a block
+// else long long. With V > 1 every pointer is aligned to its CbPack (the host checks); a block
 // takes chunks of CB_UNROLL * blockDim.x packs, each thread loading CB_UNROLL packs of each input
 // before it computes (more bytes in flight per thread), and the first threads finish the n % V
 // tail. `b` is a Dense or a Splat of B.
@@ -18,12 +18,12 @@ __device__ void add_contiguous(R* out, const A* a, SB b, I n) {
         return;
     }
     const I packs = n / V;
-    const Pack<A, V>* pa = reinterpret_cast<const Pack<A, V>*>(a);
-    Pack<R, V>* po = reinterpret_cast<Pack<R, V>*>(out);
+    const CbPack<A, V>* pa = reinterpret_cast<const CbPack<A, V>*>(a);
+    CbPack<R, V>* po = reinterpret_cast<CbPack<R, V>*>(out);
     const I chunk = (I)blockDim.x * CB_UNROLL;
     for (I base = (I)blockIdx.x * chunk; base < packs; base += (I)gridDim.x * chunk) {
-        Pack<A, V> x[CB_UNROLL];
-        Pack<B, V> y[CB_UNROLL];
+        CbPack<A, V> x[CB_UNROLL];
+        CbPack<B, V> y[CB_UNROLL];
 #pragma unroll
         for (int u = 0; u < CB_UNROLL; ++u) {
             I i = base + u * blockDim.x + threadIdx.x;
@@ -36,7 +36,7 @@ __device__ void add_contiguous(R* out, const A* a, SB b, I n) {
         for (int u = 0; u < CB_UNROLL; ++u) {
             I i = base + u * blockDim.x + threadIdx.x;
             if (i < packs) {
-                Pack<R, V> z;
+                CbPack<R, V> z;
 #pragma unroll
                 for (int k = 0; k < V; ++k) z.v[k] = add_one<A, B, R>(x[u].v[k], y[u].v[k]);
                 po[i] = z;

@@ -113,10 +113,10 @@ __device__ __forceinline__ void one_tile(const Op& op, R* out, const A* a, SB b,
 // with rows and cols swapped, of its tile columns (a tiled input). E is 64: a warp covers a
 // row of the tile with one 4-byte access a thread.
 template <int E, typename T, typename I>
-__device__ __forceinline__ void load_pairs(Pack<T, 2>* v, const T* src, I r0, I c0, I s0) {
+__device__ __forceinline__ void load_pairs(CbPack<T, 2>* v, const T* src, I r0, I c0, I s0) {
     const T* p = src + (r0 + threadIdx.y) * s0 + c0 + 2 * threadIdx.x;
 #pragma unroll
-    for (int k = 0; k < E / 8; ++k) v[k] = *reinterpret_cast<const Pack<T, 2>*>(p + 8 * k * s0);
+    for (int k = 0; k < E / 8; ++k) v[k] = *reinterpret_cast<const CbPack<T, 2>*>(p + 8 * k * s0);
 }
 
 // An interior tile of 2-byte elements, moved in pairs: half the memory instructions of
@@ -130,8 +130,8 @@ __device__ __forceinline__ void pair_tile(const Op& op, R* out, const A* a, SB b
                                           const TileArgs<A, B, I>& t, I r0, I c0) {
     constexpr int P = E + 1;
     constexpr bool tile_a = MASK & 1, tile_b = MASK & 2;
-    Pack<A, 2> va[E / 8];
-    Pack<B, 2> vb[E / 8];
+    CbPack<A, 2> va[E / 8];
+    CbPack<B, 2> vb[E / 8];
     if constexpr (tile_a)
         load_pairs<E, A, I>(va, a, c0, r0, t.sa1);
     else
@@ -167,10 +167,10 @@ __device__ __forceinline__ void pair_tile(const Op& op, R* out, const A* a, SB b
         const A x1 = tile_a ? t.ta[(j + 1) * P + i] : va[k].v[1];
         const B y0 = tile_b ? t.tb[j * P + i] : vb[k].v[0];
         const B y1 = tile_b ? t.tb[(j + 1) * P + i] : vb[k].v[1];
-        Pack<R, 2> z;
+        CbPack<R, 2> z;
         z.v[0] = op(x0, y0);
         z.v[1] = op(x1, y1);
-        *reinterpret_cast<Pack<R, 2>*>(o + 8 * k * t.so0) = z;
+        *reinterpret_cast<CbPack<R, 2>*>(o + 8 * k * t.so0) = z;
     }
 }
 

@@ -1,12 +1,7 @@
 // The common header of users' elementwise kernels (cubridge.ElementwiseKernel), after abi.cuh:
-// the types that the generated code passes (packs, raw arrays, the index), complex numbers with
+// the types that the generated code passes (raw arrays, the index; packs are abi.cuh's), complex numbers with
 // arithmetic, and the dtype names as C++ types. The host mirrors CbRaw in
 // src/ops/elementwise/params.rs: keep the two in step.
-
-// V consecutive elements moved as one aligned access.
-template <typename T, int V> struct alignas(sizeof(T) * V) CbPack {
-    T v[V];
-};
 
 // A `raw` parameter: the whole array, indexed by a C-order linear index over its own shape.
 template <typename T> struct CbRaw {
