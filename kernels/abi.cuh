@@ -1,6 +1,7 @@
 // The parameter structs that every elementwise kernel takes, cubridge's own (add, the gather)
-// and users' alike. It comes first in every program. The host mirrors them in
-// src/ops/elementwise/params.rs (`Strided`, `Shape`): keep the two in step.
+// and users' alike, and the two element types they share: packs and complex numbers. It comes
+// first in every program. The host mirrors the structs in src/ops/elementwise/params.rs
+// (`Strided`, `Shape`): keep the two in step.
 //
 // A kernel's parameters are, in order: one per operand, inputs then outputs (a pointer to the
 // first element for the contiguous and vector variants, a CbStrided for the strided and tiled
@@ -27,3 +28,46 @@ struct CbShape {
     long long d[CB_MAX_DIMS];
     int ndim;
 };
+
+// Complex numbers, laid out as numpy's (real part, then imaginary part), with the operators and
+// functions that thrust::complex and cuda::std::complex users write. The binary operators are
+// friends taking both sides by value, so that a real scalar converts on either side
+// (`2.0f * z`, `z / 2`, `1 - z`).
+template <typename F> struct cb_complex {
+    F re, im;
+    __device__ cb_complex() : re(0), im(0) {}
+    __device__ cb_complex(F r, F i = 0) : re(r), im(i) {}
+    template <typename G>
+    __device__ explicit cb_complex(const cb_complex<G>& o) : re((F)o.re), im((F)o.im) {}
+    __device__ F real() const { return re; }
+    __device__ F imag() const { return im; }
+    __device__ cb_complex operator+() const { return *this; }
+    __device__ cb_complex operator-() const { return {-re, -im}; }
+    friend __device__ cb_complex operator+(cb_complex a, cb_complex b) {
+        return {a.re + b.re, a.im + b.im};
+    }
+    friend __device__ cb_complex operator-(cb_complex a, cb_complex b) {
+        return {a.re - b.re, a.im - b.im};
+    }
+    friend __device__ cb_complex operator*(cb_complex a, cb_complex b) {
+        return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+    }
+    friend __device__ cb_complex operator/(cb_complex a, cb_complex b) {
+        F d = b.re * b.re + b.im * b.im;
+        return {(a.re * b.re + a.im * b.im) / d, (a.im * b.re - a.re * b.im) / d};
+    }
+    friend __device__ bool operator==(cb_complex a, cb_complex b) {
+        return a.re == b.re && a.im == b.im;
+    }
+    friend __device__ bool operator!=(cb_complex a, cb_complex b) { return !(a == b); }
+    __device__ cb_complex& operator+=(cb_complex o) { return *this = *this + o; }
+    __device__ cb_complex& operator-=(cb_complex o) { return *this = *this - o; }
+    __device__ cb_complex& operator*=(cb_complex o) { return *this = *this * o; }
+    __device__ cb_complex& operator/=(cb_complex o) { return *this = *this / o; }
+};
+template <typename F> __device__ F real(cb_complex<F> z) { return z.re; }
+template <typename F> __device__ F imag(cb_complex<F> z) { return z.im; }
+template <typename F> __device__ cb_complex<F> conj(cb_complex<F> z) { return {z.re, -z.im}; }
+template <typename F> __device__ F norm(cb_complex<F> z) { return z.re * z.re + z.im * z.im; }
+template <typename F> __device__ F abs(cb_complex<F> z) { return hypot(z.re, z.im); }
+template <typename F> __device__ F arg(cb_complex<F> z) { return atan2(z.im, z.re); }

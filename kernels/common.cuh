@@ -11,8 +11,9 @@
 #include <cuda_bf16.h>
 #endif
 
-struct c64 { float re, im; };
-struct c128 { double re, im; };
+// complex64 and complex128 are abi.cuh's cb_complex, as in users' kernels.
+typedef cb_complex<float> c64;
+typedef cb_complex<double> c128;
 
 // Exact widening conversions that promotion asks for (inputs into the result type).
 template <typename R, typename T> struct Cvt {

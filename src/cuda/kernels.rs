@@ -77,8 +77,8 @@ pub fn c_type(d: DType) -> &'static str {
         DType::BFloat16 => "__nv_bfloat16",
         DType::Float32 => "float",
         DType::Float64 => "double",
-        DType::Complex64 => "c64",
-        DType::Complex128 => "c128",
+        DType::Complex64 => "cb_complex<float>",
+        DType::Complex128 => "cb_complex<double>",
     }
 }
 

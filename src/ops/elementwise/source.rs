@@ -4,7 +4,7 @@
 //! every elementwise kernel (`kernels/abi.cuh`, laid out by [`super::params::list`]).
 
 use super::spec::Spec;
-use crate::cuda::kernels::Program;
+use crate::cuda::kernels::{c_type, Program};
 use crate::dtype::DType;
 use std::fmt::Write;
 
@@ -42,15 +42,6 @@ pub const FUNCTIONS: [&str; 5] = [
     "strided32",
     "strided64",
 ];
-
-/// The C++ type that stores a dtype in users' kernels (complex types with arithmetic).
-pub fn c_type(d: DType) -> &'static str {
-    match d {
-        DType::Complex64 => "cb_complex<float>",
-        DType::Complex128 => "cb_complex<double>",
-        other => crate::cuda::kernels::c_type(other),
-    }
-}
 
 /// Elements per 16-byte access of the widest element operand (1 for 16-byte elements).
 pub fn vector_width(sig: &Signature) -> usize {
