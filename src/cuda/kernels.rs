@@ -398,86 +398,123 @@ fn add_module(
 /// takes the parameters of its variant as `kernels/abi.cuh` lays them out for the operands a, b
 /// (an array, or a value: a `Splat`), out.
 fn add_program([a, b, r]: [DType; 3], second: Second, part: AddPart, index: Index) -> Program {
-    let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
-    let width = vector_width(a, b, r);
-    // The 32-bit variants index in `unsigned int` (contiguous) or `int` (strided, tiled).
-    let (suffix, unsigned, signed) = match index {
-        Index::I32 => ("32", "unsigned int", "int"),
-        Index::I64 => ("64", "long long", "long long"),
-    };
-    // b as the flat and the strided kernels take it, the type the templates read it as, that
-    // read in a flat and in a strided kernel, its strides, and its strides along the tiled
-    // kernel's two dimensions.
-    let (b_flat, b_strided, b_type, b_read, b_read_strided, b_strides, b_tile) = match second {
-        Second::Array => (
-            format!("const {tb}* b"),
-            format!("CbStrided<{tb}> b"),
-            format!("Dense<{tb}>"),
-            format!("Dense<{tb}>{{b}}"),
-            format!("Dense<{tb}>{{b.p}}"),
-            "b.s",
-            format!("({signed})b.s[0], ({signed})b.s[1]"),
-        ),
-        Second::Value => (
-            format!("Splat<{tb}> b"),
-            format!("Splat<{tb}> b"),
-            format!("Splat<{tb}>"),
-            "b".to_string(),
-            "b".to_string(),
-            "nullptr",
-            format!("({signed})0, ({signed})0"),
-        ),
-    };
-    // The tiled kernel keeps four blocks per SM (at most 64 registers a thread): its loads
-    // in flight, not its arithmetic, set its speed. Its 64-bit addresses need more
-    // registers, so the 64-bit variant keeps three (80 registers: no spills).
-    let tiled_blocks = if index == Index::I32 { 4 } else { 3 };
-    let flat = |name: &str, v: usize| {
-        format!(
-            "extern \"C\" __global__ void {name}(const {ta}* a, {b_flat}, {tr}* o, long long n) \
-             {{ add_contiguous<{ta}, {tb}, {tr}, {v}>(o, a, {b_read}, ({unsigned})n); }}\n"
-        )
-    };
-    let (wrappers, names): (String, &[&str]) = match part {
-        AddPart::Contiguous => (flat("cb_add_contiguous", 1), &["cb_add_contiguous"]),
-        AddPart::Vector => (flat("cb_add_vector", width), &["cb_add_vector"]),
-        AddPart::Strided => (
-            format!(
-                "extern \"C\" __global__ void cb_add_strided(CbStrided<{ta}> a, {b_strided}, \
-                 CbStrided<{tr}> o, long long n, CbShape g) {{ add_strided<{ta}, {tb}, {tr}, \
-                 {signed}>(o, a, {b_read_strided}, {b_strides}, ({signed})n, g); }}\n"
-            ),
-            &["cb_add_strided"],
-        ),
-        AddPart::Tiled => (
-            format!(
-                "extern \"C\" __global__ void __launch_bounds__(256, {tiled_blocks}) \
-                 cb_add_tiled(CbStrided<{ta}> a, {b_strided}, CbStrided<{tr}> o, long long n, \
-                 CbShape g, int tile) {{ (void)n; cbt::tiled<AddOp<{ta}, {tb}, {tr}>, {ta}, {tb}, \
-                 {tr}, {signed}, {b_type}, {}>(AddOp<{ta}, {tb}, {tr}>{{}}, o.p, a.p, \
-                 {b_read_strided}, ({signed})g.d[0], ({signed})g.d[1], \
-                 ({signed})o.s[0], ({signed})a.s[0], ({signed})a.s[1], {b_tile}, tile); }}\n",
-                pairs([a, b, r])
-            ),
-            &["cb_add_tiled"],
-        ),
-    };
+    let (wrapper, name) = add_wrapper([a, b, r], second, part, index);
     let (source, label) = match part {
         AddPart::Contiguous => (FLAT, "_contiguous"),
         AddPart::Vector => (FLAT, "_vector"),
         AddPart::Strided => (FLAT, "_strided"),
         AddPart::Tiled => (TILED, "_tiled"),
     };
+    let suffix = match index {
+        Index::I32 => "32",
+        Index::I64 => "64",
+    };
     let key = match second {
         Second::Array => format!("add_{a}_{b}_{r}{label}_{suffix}"),
         Second::Value => format!("add_scalar_{a}{label}_{suffix}"),
     };
-    own(
-        key,
-        [a, b, r].iter().any(|&d| is_half(d)),
-        source,
-        wrappers,
-        names,
+    let half = [a, b, r].iter().any(|&d| is_half(d));
+    own(key, half, source, wrapper, &[name])
+}
+
+/// How add's kernels take b (`tb` its C type; `signed` the strided index type).
+struct SecondInput {
+    /// The parameter of a flat kernel and of a strided one.
+    flat: String,
+    strided: String,
+    /// The type the templates read it as, and that read in a flat and in a strided kernel.
+    reader: String,
+    read: String,
+    read_strided: String,
+    /// Its strides, and its strides along the tiled kernel's two dimensions.
+    strides: &'static str,
+    tile: String,
+}
+
+fn second_input(second: Second, tb: &str, signed: &str) -> SecondInput {
+    match second {
+        Second::Array => SecondInput {
+            flat: format!("const {tb}* b"),
+            strided: format!("CbStrided<{tb}> b"),
+            reader: format!("Dense<{tb}>"),
+            read: format!("Dense<{tb}>{{b}}"),
+            read_strided: format!("Dense<{tb}>{{b.p}}"),
+            strides: "b.s",
+            tile: format!("({signed})b.s[0], ({signed})b.s[1]"),
+        },
+        Second::Value => SecondInput {
+            flat: format!("Splat<{tb}> b"),
+            strided: format!("Splat<{tb}> b"),
+            reader: format!("Splat<{tb}>"),
+            read: "b".to_string(),
+            read_strided: "b".to_string(),
+            strides: "nullptr",
+            tile: format!("({signed})0, ({signed})0"),
+        },
+    }
+}
+
+/// The `extern "C"` wrapper of add's kernel `part` for dtypes `[a, b, r]`, and its name.
+fn add_wrapper(
+    [a, b, r]: [DType; 3],
+    second: Second,
+    part: AddPart,
+    index: Index,
+) -> (String, &'static str) {
+    let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
+    // The 32-bit variants index in `unsigned int` (contiguous) or `int` (strided, tiled).
+    let (unsigned, signed) = match index {
+        Index::I32 => ("unsigned int", "int"),
+        Index::I64 => ("long long", "long long"),
+    };
+    let b_in = second_input(second, tb, signed);
+    let flat = |name: &str, v: usize| {
+        format!(
+            "extern \"C\" __global__ void {name}(const {ta}* a, {}, {tr}* o, long long n) \
+             {{ add_contiguous<{ta}, {tb}, {tr}, {v}>(o, a, {}, ({unsigned})n); }}\n",
+            b_in.flat, b_in.read
+        )
+    };
+    match part {
+        AddPart::Contiguous => (flat("cb_add_contiguous", 1), "cb_add_contiguous"),
+        AddPart::Vector => (
+            flat("cb_add_vector", vector_width(a, b, r)),
+            "cb_add_vector",
+        ),
+        AddPart::Strided => (
+            format!(
+                "extern \"C\" __global__ void cb_add_strided(CbStrided<{ta}> a, {}, \
+                 CbStrided<{tr}> o, long long n, CbShape g) {{ add_strided<{ta}, {tb}, {tr}, \
+                 {signed}>(o, a, {}, {}, ({signed})n, g); }}\n",
+                b_in.strided, b_in.read_strided, b_in.strides
+            ),
+            "cb_add_strided",
+        ),
+        AddPart::Tiled => (add_tiled_wrapper([a, b, r], &b_in, index), "cb_add_tiled"),
+    }
+}
+
+/// The wrapper of add's tiled kernel. It keeps four blocks per SM (at most 64 registers a
+/// thread): its loads in flight, not its arithmetic, set its speed. Its 64-bit addresses need
+/// more registers, so the 64-bit variant keeps three (80 registers: no spills).
+fn add_tiled_wrapper([a, b, r]: [DType; 3], b_in: &SecondInput, index: Index) -> String {
+    let (ta, tb, tr) = (c_type(a), c_type(b), c_type(r));
+    let (signed, blocks) = match index {
+        Index::I32 => ("int", 4),
+        Index::I64 => ("long long", 3),
+    };
+    format!(
+        "extern \"C\" __global__ void __launch_bounds__(256, {blocks}) \
+         cb_add_tiled(CbStrided<{ta}> a, {}, CbStrided<{tr}> o, long long n, \
+         CbShape g, int tile) {{ (void)n; cbt::tiled<AddOp<{ta}, {tb}, {tr}>, {ta}, {tb}, \
+         {tr}, {signed}, {}, {}>(AddOp<{ta}, {tb}, {tr}>{{}}, o.p, a.p, \
+         {}, ({signed})g.d[0], ({signed})g.d[1], \
+         ({signed})o.s[0], ({signed})a.s[0], ({signed})a.s[1], {}, tile); }}\n",
+        b_in.strided,
+        b_in.reader,
+        pairs([a, b, r]),
+        b_in.read_strided,
+        b_in.tile
     )
 }
 
