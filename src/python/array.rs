@@ -3,7 +3,6 @@
 //! that import operands depend on; this one depends on them (its `+` is `cubridge.add`).
 
 use super::export::{self, Reader};
-use super::import::buffer;
 use super::types::{PyArray, PyDType, PyDevice};
 use crate::array::Array;
 use crate::cuda::stream as cs;
@@ -419,14 +418,14 @@ impl PyArray {
         flags: c_int,
     ) -> PyResult<()> {
         // SAFETY: forwarded from CPython's buffer protocol call.
-        unsafe { buffer::fill(slf.as_any(), &slf.get().inner, view, flags) }
+        unsafe { export::buffer::fill(slf.as_any(), &slf.get().inner, view, flags) }
     }
 
     /// # Safety
     /// Called by CPython with a view that `__getbuffer__` filled.
     unsafe fn __releasebuffer__(&self, view: *mut pyo3::ffi::Py_buffer) {
-        // SAFETY: forwarded from CPython; `view` was filled by `buffer::fill`.
-        unsafe { buffer::release(view) }
+        // SAFETY: forwarded from CPython; `view` was filled by `export::buffer::fill`.
+        unsafe { export::buffer::release(view) }
     }
 }
 

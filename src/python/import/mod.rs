@@ -2,7 +2,7 @@
 //! (for `asarray`) Python scalars and nested sequences. Foreign memory is viewed, never copied,
 //! unless the caller asks for a copy, another dtype or another device.
 
-pub mod buffer;
+mod buffer;
 pub mod cai;
 mod dlpack;
 pub mod exchange;

@@ -1,7 +1,10 @@
 //! Exporting cubridge arrays to Python consumers: the one hand-over that `__dlpack__`, the CUDA
 //! array interface and the DLPack C exchange table share (the consumer's stream ordered after the
 //! array's pending work, the memory's free after the consumer's reads), and the interface dict.
-//! Managed tensors themselves are built in [`crate::export`].
+//! Managed tensors themselves are built in [`crate::export`]; the buffer protocol's export is
+//! [`buffer`].
+
+pub mod buffer;
 
 use crate::array::Array;
 use crate::cuda::stream as cs;
