@@ -3,7 +3,7 @@
 //! alive). Both are the same type so every operation accepts either.
 
 use crate::cuda::memory::CudaAlloc;
-use crate::cuda::stream::{Event, Stream};
+use crate::cuda::stream::{Event, Stream, LEGACY};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -62,6 +62,9 @@ impl Array {
     /// [`CudaAlloc::device_outside_pool`]).
     pub fn empty_for_capture(shape: &[usize], dtype: DType, ordinal: u32) -> Result<Array> {
         let device = Device::Cuda(ordinal);
+        if let Some(runtime) = crate::runtime::shared() {
+            return runtime.allocate(shape, dtype, device, LEGACY, (false, true));
+        }
         Self::over_new_storage(shape, dtype, device, |bytes| {
             Ok(Storage::Cuda(CudaAlloc::device_outside_pool(
                 bytes, ordinal,
@@ -88,24 +91,22 @@ impl Array {
         })
     }
 
-    fn allocate(
+    /// A new C-contiguous array on `device`, zeroed if `zeroed`, for work on `stream`. CUDA
+    /// memory comes from the process's runtime where this copy of cubridge hands its work to
+    /// one (see [`crate::runtime`]).
+    pub(crate) fn allocate(
         shape: &[usize],
         dtype: DType,
         device: Device,
         zeroed: bool,
         stream: Stream,
     ) -> Result<Array> {
-        if device != Device::Cpu {
-            crate::cuda::require(device)?;
-        }
-        let array = Self::over_new_storage(shape, dtype, device, |bytes| {
-            Ok(match device {
-                Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
-                Device::Cuda(n) => Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?),
-                Device::CudaHost => Storage::Cuda(CudaAlloc::pinned(bytes, zeroed)?),
-                Device::CudaManaged => Storage::Cuda(CudaAlloc::managed(bytes, zeroed)?),
-            })
-        })?;
+        let array = match crate::runtime::shared() {
+            Some(runtime) if device != Device::Cpu => {
+                runtime.allocate(shape, dtype, device, stream, (zeroed, false))?
+            }
+            _ => Self::allocate_here(shape, dtype, device, zeroed, stream)?,
+        };
         // A pool allocation (and its zeroing) is work queued on `stream`: other streams order
         // after it as after a write.
         Ok(match device {
@@ -116,6 +117,27 @@ impl Array {
                 array.with_pending(stream, event)
             }
             _ => array,
+        })
+    }
+
+    /// [`Array::allocate`] from this copy's own allocators.
+    fn allocate_here(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        zeroed: bool,
+        stream: Stream,
+    ) -> Result<Array> {
+        if device != Device::Cpu {
+            crate::cuda::require(device)?;
+        }
+        Self::over_new_storage(shape, dtype, device, |bytes| {
+            Ok(match device {
+                Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
+                Device::Cuda(n) => Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?),
+                Device::CudaHost => Storage::Cuda(CudaAlloc::pinned(bytes, zeroed)?),
+                Device::CudaManaged => Storage::Cuda(CudaAlloc::managed(bytes, zeroed)?),
+            })
         })
     }
 

@@ -78,6 +78,67 @@ pub enum Error {
         /// The NVRTC program log.
         log: String,
     },
+    /// A cubridge runtime this build cannot use: the `cubridge` module's runtime table has
+    /// another layout (maps to `ImportError`; see [`crate::runtime`]).
+    Incompatible(String),
+    /// An error of the process's runtime (the `cubridge` module's), relayed to an extension
+    /// crate's copy of cubridge: its kind, its driver or NVRTC result code, and its message.
+    Relayed {
+        /// What kind of error it was.
+        kind: ErrorKind,
+        /// The driver's `CUresult` or NVRTC's `nvrtcResult`, as a number.
+        code: Option<i64>,
+        /// The runtime's message.
+        message: String,
+    },
+}
+
+/// The kinds of [`Error`], one per exception class that Python raises for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ErrorKind {
+    /// A value of a wrong type or dtype (`TypeError`).
+    Type = 0,
+    /// An invalid value (`ValueError`).
+    Value = 1,
+    /// An attribute the array lacks (`AttributeError`).
+    Attribute = 2,
+    /// A value out of range (`OverflowError`).
+    Overflow = 3,
+    /// A refused export (`BufferError`).
+    Buffer = 4,
+    /// An allocation failed (`MemoryError`).
+    Memory = 5,
+    /// No usable CUDA (`CudaUnavailableError`).
+    CudaUnavailable = 6,
+    /// A driver call failed (`CudaError`).
+    Cuda = 7,
+    /// NVRTC failed (`CompileError`).
+    Compile = 8,
+    /// An incompatible runtime (`ImportError`).
+    Incompatible = 9,
+}
+
+impl ErrorKind {
+    /// The kind numbered `raw`; an unknown number (from a newer runtime) is a `ValueError`.
+    pub fn from_raw(raw: u32) -> ErrorKind {
+        use ErrorKind::*;
+        [
+            Type,
+            Value,
+            Attribute,
+            Overflow,
+            Buffer,
+            Memory,
+            CudaUnavailable,
+            Cuda,
+            Compile,
+            Incompatible,
+        ]
+        .into_iter()
+        .find(|k| *k as u32 == raw)
+        .unwrap_or(Value)
+    }
 }
 
 /// The result type used throughout cubridge.
@@ -111,6 +172,39 @@ impl Error {
             _ => None,
         }
     }
+
+    /// The kind of error: which exception Python raises for it.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::UnsupportedDType(_) | Error::DTypeMismatch { .. } | Error::WrongType(_) => {
+                ErrorKind::Type
+            }
+            Error::NoAttribute(_) => ErrorKind::Attribute,
+            Error::UnsupportedDevice(_)
+            | Error::DeviceMismatch { .. }
+            | Error::Broadcast { .. }
+            | Error::Invalid(_)
+            | Error::ReadOnly(_) => ErrorKind::Value,
+            Error::Overflow(_) => ErrorKind::Overflow,
+            Error::Export(_) => ErrorKind::Buffer,
+            Error::OutOfMemory { .. } => ErrorKind::Memory,
+            Error::CudaUnavailable(_) => ErrorKind::CudaUnavailable,
+            Error::Cuda { .. } => ErrorKind::Cuda,
+            Error::Compile { .. } => ErrorKind::Compile,
+            Error::Incompatible(_) => ErrorKind::Incompatible,
+            Error::Relayed { kind, .. } => *kind,
+        }
+    }
+
+    /// The driver's or NVRTC's result code, as a number, where a call of theirs failed.
+    pub fn code(&self) -> Option<i64> {
+        match self {
+            Error::Cuda { code, .. } => Some(*code as i64),
+            Error::Compile { code, .. } => code.map(|c| c as i64),
+            Error::Relayed { code, .. } => *code,
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -137,7 +231,9 @@ impl fmt::Display for Error {
             | Error::ReadOnly(message)
             | Error::Export(message)
             | Error::WrongType(message)
-            | Error::NoAttribute(message) => f.write_str(message),
+            | Error::NoAttribute(message)
+            | Error::Incompatible(message)
+            | Error::Relayed { message, .. } => f.write_str(message),
             Error::OutOfMemory { bytes, device } => {
                 write!(f, "could not allocate {bytes} bytes on {device}")
             }

@@ -13,6 +13,7 @@ __all__ = [
     "device_count",
     "empty_cache",
     "is_available",
+    "loaded_programs",
     "mem_info",
     "memory_stats",
     "record_stream",
@@ -62,6 +63,13 @@ def shipped_kernels() -> list[tuple[str, int]]:
     that major version loads it without compiling; wheels built by ``make wheel`` ship add's
     kernels for the common dtypes, a source build ships none. Works without CUDA."""
     return _cubridge.cuda_shipped_kernels()
+
+
+def loaded_programs() -> list[tuple[str, int]]:
+    """The kernels given as source (``ElementwiseKernel``, ``RawKernel``, and those of extension
+    modules built on the ``cubridge`` crate) loaded in this process so far, as ``(name, device)``
+    pairs. Each is compiled, or read from a cache, once per process and device."""
+    return _cubridge.cuda_loaded_programs()
 
 
 def record_stream(array, stream) -> None:

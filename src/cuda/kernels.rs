@@ -163,7 +163,13 @@ fn arch(ordinal: u32) -> Result<u32> {
 /// build where there is one for the device (see [`super::shipped`]), else the disk cache's
 /// (see [`super::disk_cache`]), else NVRTC's. A shipped or cached image that the driver refuses
 /// (an older driver, say) is passed over for a compile; a refused cache entry is discarded.
+/// Where this copy of cubridge hands its work to the process's runtime (see
+/// [`crate::runtime`]), that runtime loads it.
 fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
+    if let Some(runtime) = crate::runtime::shared() {
+        // The process's runtime loads it, from its caches: one compile per process.
+        return Ok(runtime.program(ordinal, program)?.leak());
+    }
     context::bind(ordinal)?;
     let arch = arch(ordinal)?;
     let load_image = |image: &[u8]| {
@@ -275,6 +281,15 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     let found = load(ordinal, program)?;
     cache.insert((ordinal, program.clone()), found);
     Ok(found)
+}
+
+/// The programs given as source that [`program`] loaded in this process, as (name, device)
+/// pairs: users' kernels and extension crates' (whose copies of cubridge load them here).
+pub fn loaded_programs() -> Vec<(String, u32)> {
+    let guard = SOURCES.lock().unwrap_or_else(|p| p.into_inner());
+    let keys = guard.iter().flat_map(|cache| cache.keys());
+    keys.map(|(ordinal, p)| (p.name.clone(), *ordinal))
+        .collect()
 }
 
 /// Whether `dtype` needs the float16/bfloat16 headers (`CB_HALF` in `common.cuh`).

@@ -92,6 +92,19 @@ pub fn keep_alive_until(
     stream: Stream,
     ordinal: u32,
 ) {
+    let buffers = match crate::runtime::shared() {
+        // The process's runtime holds them (with an event of its own after the same work).
+        Some(runtime) => match runtime.keep_alive(buffers, stream, ordinal) {
+            Ok(()) => return,
+            Err(buffers) => buffers,
+        },
+        None => buffers,
+    };
+    keep_here(event, buffers, stream, ordinal);
+}
+
+/// [`keep_alive_until`] in this copy's own releaser.
+fn keep_here(event: Option<Arc<Event>>, buffers: Vec<KeepAlive>, stream: Stream, ordinal: u32) {
     static START: Once = Once::new();
     START.call_once(|| {
         let spawned = std::thread::Builder::new()

@@ -1,13 +1,15 @@
 //! The one mapping from [`Error`] to Python exceptions, and cubridge's own exception classes.
 //! The rest of `python/` builds no exceptions: it returns [`Error`] values, converted here.
 
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use pyo3::create_exception;
 use pyo3::exceptions::{
-    PyAttributeError, PyBufferError, PyMemoryError, PyOverflowError, PyRuntimeError, PyTypeError,
-    PyValueError,
+    PyAttributeError, PyBufferError, PyImportError, PyMemoryError, PyOverflowError, PyRuntimeError,
+    PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
+use pyo3::types::PyType;
+use pyo3::PyTypeInfo;
 
 create_exception!(
     cubridge,
@@ -33,26 +35,38 @@ create_exception!(
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let message = e.to_string();
-        match e {
-            Error::UnsupportedDType(_) | Error::DTypeMismatch { .. } | Error::WrongType(_) => {
-                PyTypeError::new_err(message)
-            }
-            Error::NoAttribute(_) => PyAttributeError::new_err(message),
-            Error::UnsupportedDevice(_)
-            | Error::DeviceMismatch { .. }
-            | Error::Broadcast { .. }
-            | Error::Invalid(_)
-            | Error::ReadOnly(_) => PyValueError::new_err(message),
-            Error::Overflow(_) => PyOverflowError::new_err(message),
-            Error::Export(_) => PyBufferError::new_err(message),
-            Error::OutOfMemory { .. } => PyMemoryError::new_err(message),
-            Error::CudaUnavailable(_) => CudaUnavailableError::new_err(message),
-            Error::Cuda { code, .. } => with_code(CudaError::new_err(message), Some(code as i64)),
-            Error::Compile { code, .. } => {
-                with_code(CompileError::new_err(message), code.map(|c| c as i64))
-            }
+        let code = e.code();
+        match e.kind() {
+            ErrorKind::Type => PyTypeError::new_err(message),
+            ErrorKind::Value => PyValueError::new_err(message),
+            ErrorKind::Attribute => PyAttributeError::new_err(message),
+            ErrorKind::Overflow => PyOverflowError::new_err(message),
+            ErrorKind::Buffer => PyBufferError::new_err(message),
+            ErrorKind::Memory => PyMemoryError::new_err(message),
+            ErrorKind::Incompatible => PyImportError::new_err(message),
+            ErrorKind::CudaUnavailable => own::<CudaUnavailableError>(message),
+            ErrorKind::Cuda => with_code(own::<CudaError>(message), code),
+            ErrorKind::Compile => with_code(own::<CompileError>(message), code),
         }
     }
+}
+
+/// An exception of one of cubridge's own classes. In an extension crate's copy
+/// of cubridge that hands its work to the `cubridge` module (see [`crate::runtime`]), the class
+/// is the module's, so that `except cubridge.CudaError` catches the extension's errors too.
+fn own<T: PyTypeInfo>(message: String) -> PyErr {
+    Python::attach(|py| {
+        let local = py.get_type::<T>();
+        let class = match crate::runtime::shared() {
+            Some(_) => py
+                .import("cubridge._cubridge")
+                .and_then(|m| m.getattr(local.name()?))
+                .and_then(|c| Ok(c.cast_into::<PyType>()?))
+                .unwrap_or(local),
+            None => local,
+        };
+        PyErr::from_type(class, message)
+    })
 }
 
 /// Sets the exception's `code`: the driver's or NVRTC's result code, `None` where no call of

@@ -363,6 +363,12 @@ pub fn cuda_shipped_kernels() -> Vec<(&'static str, u32)> {
     crate::cuda::shipped::list()
 }
 
+/// The programs given as source loaded in this process, as (name, device) pairs.
+#[pyfunction]
+pub fn cuda_loaded_programs() -> Vec<(String, u32)> {
+    crate::cuda::kernels::loaded_programs()
+}
+
 /// The CUDA device a `device=` argument names (default: the current device).
 fn cuda_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
     let device = match device.filter(|d| !d.is_none()) {

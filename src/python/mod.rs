@@ -4,23 +4,22 @@
 //! For authors of their own pyo3 extensions, this module is also the way in: [`AnyArray`]
 //! takes any Python array as a `#[pyfunction]` argument, [`work_stream`] picks the stream a
 //! kernel belongs on, [`crate::ops::launch::Launch`] orders and keeps alive what a launch uses,
-//! and [`PyArray`] hands a cubridge [`crate::Array`] back to Python (see the README's "Writing
+//! and a [`crate::Array`] returned from a `#[pyfunction]` is a `cubridge.Array` in Python (see the README's "Writing
 //! your own extension" and `examples/extension`).
 
 mod array;
 mod errors;
 mod export;
-mod extension;
 mod functions;
 mod import;
 mod kernels;
 pub mod operands;
+mod runtime;
 mod stream;
 mod types;
 
-pub use extension::prepare_extension;
 pub use operands::{work_stream, AnyArray};
-pub use types::PyArray;
+pub use runtime::prepare_extension;
 
 use pyo3::prelude::*;
 
@@ -47,15 +46,23 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::cuda_empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_shipped_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_loaded_programs, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_record_stream, m)?)?;
     m.add_function(wrap_pyfunction!(functions::_add_nvrtc_search_dirs, m)?)?;
     m.add_class::<stream::PyStream>()?;
     m.add_class::<kernels::PyElementwiseKernel>()?;
     m.add_class::<kernels::PyRawKernel>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Extension crates built on cubridge hand their work to this module's runtime.
+    runtime::publish(m)?;
+    crate::cuda::memory::set_out_of_memory_hook(functions::release_other_caches);
     // Buffers that queued kernels hold are released while the interpreter can still run their
     // producers' deleters (see cuda::release).
-    extension::register_shutdown(m)
+    let release = wrap_pyfunction!(functions::_release_pending, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (release,))?;
+    Ok(())
 }
 
 /// A Python object whose memory views hold it (a CUDA array interface's exporter, a tensor lent

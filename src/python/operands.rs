@@ -238,14 +238,14 @@ impl AnyArray {
     pub fn stream(&self) -> Option<Stream> {
         self.stream
     }
-}
 
-impl<'a, 'py> FromPyObject<'a, 'py> for AnyArray {
-    type Error = PyErr;
+    pub(crate) fn new(array: Array, stream: Option<Stream>) -> AnyArray {
+        AnyArray { array, stream }
+    }
 
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<AnyArray> {
-        let obj = obj.to_owned();
-        if let Some(e) = exchanged(&obj, Use::Kept, &mut Default::default()) {
+    /// `obj` imported by this copy of cubridge (the process's runtime, or one without it).
+    pub(crate) fn import_here(obj: &Bound<'_, PyAny>) -> PyResult<AnyArray> {
+        if let Some(e) = exchanged(obj, Use::Kept, &mut Default::default()) {
             // The table hands over its stream instead of ordering: an event there stands for
             // the producer's pending work.
             let array = match (e.stream, e.imported.array.device()) {
@@ -260,11 +260,24 @@ impl<'a, 'py> FromPyObject<'a, 'py> for AnyArray {
                 stream: e.stream,
             });
         }
-        let imported = import(&obj, LEGACY, Use::Kept)?;
+        let imported = import(obj, LEGACY, Use::Kept)?;
         Ok(AnyArray {
             array: imported.array,
             stream: None,
         })
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for AnyArray {
+    type Error = PyErr;
+
+    /// Where this copy of cubridge hands its work to the process's runtime (an extension
+    /// crate's), the runtime imports it.
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<AnyArray> {
+        match crate::runtime::shared() {
+            Some(runtime) => super::runtime::relay_import(runtime, &obj),
+            None => AnyArray::import_here(&obj),
+        }
     }
 }
 

@@ -1,13 +1,15 @@
 //! An extension module built on cubridge: `scaled_add(x, y, alpha)` returns `alpha * x + y` for
 //! float32 arrays of any producer (torch, CuPy, numpy, JAX, Numba, cubridge), computed by a
 //! CUDA kernel of this crate's own on device memory and by a Rust loop on host memory, without
-//! copying the inputs. The result is a cubridge array, which every framework takes.
+//! copying the inputs. The result is a `cubridge.Array`, which every framework takes: the
+//! crate's copy of cubridge hands its allocations, kernel loads and results to the `cubridge`
+//! module's runtime.
 
 use cubridge::cuda::kernels::{program, Program};
 use cubridge::cuda::launch::{launch, Params, BLOCK};
 use cubridge::cuda::stream::Stream;
 use cubridge::ops::launch::Launch;
-use cubridge::python::{prepare_extension, work_stream, AnyArray, PyArray};
+use cubridge::python::{prepare_extension, work_stream, AnyArray};
 use cubridge::{Array, DType, Device, Error, Result};
 use pyo3::prelude::*;
 
@@ -49,7 +51,7 @@ fn check(x: &Array, y: &Array) -> Result<()> {
     Ok(())
 }
 
-/// `alpha * x + y` for float32 arrays of any producer, as a new cubridge array on their device.
+/// `alpha * x + y` for float32 arrays of any producer, as a new `cubridge.Array` on their device.
 /// On CUDA it runs on `stream` when given, else on the producer's current stream (torch's),
 /// else the default stream, after the inputs' pending work.
 #[pyfunction]
@@ -60,7 +62,7 @@ fn scaled_add(
     y: AnyArray,
     alpha: f32,
     stream: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyArray> {
+) -> PyResult<Array> {
     let stream = work_stream(stream, &[&x, &y])?;
     let (x, y) = (x.array(), y.array());
     check(x, y)?;
@@ -68,7 +70,7 @@ fn scaled_add(
         Device::Cuda(_) => on_gpu(x, y, alpha, stream),
         _ => on_cpu(x, y, alpha),
     })?;
-    Ok(PyArray::new(out))
+    Ok(out)
 }
 
 fn on_cpu(x: &Array, y: &Array, alpha: f32) -> Result<Array> {
@@ -95,7 +97,8 @@ fn on_gpu(x: &Array, y: &Array, alpha: f32, stream: Stream) -> Result<Array> {
     let work = Launch::begin(x.device(), stream)?;
     let out = work.empty(x.shape(), DType::Float32)?;
     work.order(&[x, y, &out])?;
-    // Compiled with NVRTC once per device and cached on disk, as cubridge's own kernels are.
+    // Compiled with NVRTC once per process and device (by the `cubridge` module's runtime, which
+    // every extension shares) and cached on disk, as cubridge's own kernels are.
     let kernel = program(
         work.ordinal(),
         &Program {

@@ -1,8 +1,14 @@
 """The example extension: scaled_add on numpy and torch CPU arrays everywhere, and on torch,
 CuPy and cubridge CUDA arrays (marked ``cuda``) where a GPU is present. Every result is compared
-with numpy."""
+with numpy. The extension shares the ``cubridge`` module's runtime: its results are
+``cubridge.Array`` instances, its memory is in ``memory_stats``, its kernel in
+``loaded_programs``, and its queued kernels' buffers are held by the one releaser thread."""
 
 import importlib
+import os
+import subprocess
+import sys
+import time
 
 import cubridge as cb
 import cubridge_example as ext
@@ -29,9 +35,11 @@ Y = np.arange(1001, dtype=np.float32)
 def test_numpy_arrays_on_the_cpu():
     z = ext.scaled_add(X, Y, 2.0)
     np.testing.assert_array_equal(np.asarray(cb.asarray(z)), np.float32(2.0) * X + Y)
-    # The result is an Array of the extension's copy of cubridge, which numpy takes by DLPack.
-    assert type(z).__name__ == "Array"
+    # The result is the cubridge module's own Array, which numpy takes by DLPack.
+    assert isinstance(z, cb.Array)
     np.testing.assert_array_equal(np.from_dlpack(z), np.float32(2.0) * X + Y)
+    # And cubridge takes it as its own: add on it needs no import.
+    np.testing.assert_array_equal(np.asarray(cb.add(z, z)), 2 * (np.float32(2.0) * X + Y))
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
@@ -82,3 +90,77 @@ def test_cupy_and_cubridge_arrays():
     np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(z)), np.float32(0.25) * X + Y)
     with pytest.raises(ValueError, match="cuda:0 and y on cpu"):
         ext.scaled_add(x, Y, 1.0)
+
+
+def test_another_runtime_abi_is_an_import_error_naming_both_versions():
+    # The extension reads the table's ABI and version (its first two fields in every release)
+    # before anything else: in a child process, the module's capsule is replaced by one whose
+    # table says ABI 999, version 9.9.9, and importing the extension is refused.
+    code = """
+import ctypes
+import cubridge._cubridge as m
+class Head(ctypes.Structure):
+    _fields_ = [("abi", ctypes.c_uint32), ("version", ctypes.c_char_p)]
+head = Head(999, b"9.9.9")
+name = b"cubridge._cubridge._runtime"
+new = ctypes.pythonapi.PyCapsule_New
+new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+m._runtime = new(ctypes.addressof(head), name, None)
+try:
+    import cubridge_example
+except ImportError as e:
+    print("refused:", e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "refused:" in out.stdout, out.stdout + out.stderr
+    assert f"cubridge {cb.__version__} (runtime ABI 1)" in out.stdout
+    assert "9.9.9 (runtime ABI 999)" in out.stdout and "cubridge_example" in out.stdout
+
+
+def _threads_named(prefix):
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return [n for n in names if n.startswith(prefix)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU or cupy is None, reason="no CUDA GPU or no cupy here")
+def test_one_runtime_serves_the_extension_and_cubridge():
+    n = 1 << 22
+    x, y = cupy.ones(n, dtype=cupy.float32), cupy.arange(n, dtype=cupy.float32)
+    before = cb.cuda.memory_stats()["allocated_bytes"]
+    z = ext.scaled_add(x, y, 2.0)
+    # The result is cubridge's own, allocated from its pool and counted in its statistics.
+    assert isinstance(z, cb.Array)
+    assert cb.cuda.memory_stats()["allocated_bytes"] >= before + 4 * n
+    np.testing.assert_array_equal(
+        cupy.asnumpy(cupy.asarray(cb.add(z, 1.0))), 2.0 + np.arange(n) + 1
+    )
+    # The extension's kernel was loaded by cubridge's runtime.
+    assert ("scaled_add", 0) in cb.cuda.loaded_programs()
+    # Foreign buffers of queued kernels (torch's, here, on a side stream) are held by one
+    # releaser thread for the whole process.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = torch.ones(n, device="cuda")
+        for _ in range(3):
+            ext.scaled_add(a, a, 1.0)
+            cb.add(a, a)
+    torch.cuda.synchronize()
+    if os.path.isdir("/proc/self/task"):
+        # Linux keeps 15 characters of a thread's name: "cubridge-release" is "cubridge-releas".
+        assert len(_threads_named("cubridge-releas")) == 1, _threads_named("cubridge")
+    # Let go, the result's memory goes back to cubridge's pool once the releaser lets go of the
+    # kernel's buffers (within a few milliseconds of the kernel running).
+    del z
+    cupy.cuda.Device().synchronize()
+    for _ in range(1000):
+        if cb.cuda.memory_stats()["allocated_bytes"] < before + 4 * n:
+            break
+        time.sleep(0.001)
+    assert cb.cuda.memory_stats()["allocated_bytes"] < before + 4 * n

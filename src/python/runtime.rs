@@ -1,0 +1,179 @@
+//! The Python side of the one runtime per process (see [`crate::runtime`]): the `cubridge`
+//! module publishes its table as the `_runtime` capsule and serves the entries that need the
+//! interpreter (importing an object, wrapping a result as `cubridge.Array`); an extension crate
+//! adopts the table in [`prepare_extension`] and relays its imports and results through it.
+
+use super::operands::AnyArray;
+use super::types::PyArray;
+use crate::array::Array;
+use crate::cuda::stream::{Event, Stream, LEGACY};
+use crate::device::Device;
+use crate::error::Result;
+use crate::runtime::{give_tensor, serve, take_tensor, Imported, Table, ABI, VERSION};
+use dlpark::ffi::DLManagedTensorVersioned;
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
+
+/// The capsule's name: where `PyCapsule_Import` finds it.
+const NAME: &CStr = c"cubridge._cubridge._runtime";
+
+/// The `cubridge` module's table.
+static TABLE: Table = Table {
+    abi: ABI,
+    version: VERSION.as_ptr(),
+    allocate: serve::allocate,
+    program: serve::program,
+    keep_alive: serve::keep_alive,
+    free_text: serve::free_text,
+    import: serve_import,
+    wrap: serve_wrap,
+};
+
+/// Publishes the table in the `cubridge` module.
+pub(crate) fn publish(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let table = NonNull::from(&TABLE).cast::<c_void>();
+    // SAFETY: the table is a static that lives for the process, never written.
+    let capsule = unsafe { PyCapsule::new_with_pointer(m.py(), table, NAME) }?;
+    m.add("_runtime", capsule)
+}
+
+/// Makes an extension module built on the `cubridge` crate use the `cubridge` module's
+/// runtime; call it once from the `#[pymodule]` function. From then on the crate's copy of
+/// cubridge allocates CUDA memory from the module's pool (counted by
+/// `cubridge.cuda.memory_stats()`), loads kernels through the module's caches, holds the buffers
+/// of queued kernels in the module's releaser, imports arguments as the module does, and
+/// returns its arrays as `cubridge.Array` instances. Raises `ImportError`, naming both
+/// versions, where the installed `cubridge` module has another runtime ABI.
+///
+/// ```ignore
+/// #[pymodule]
+/// fn my_ext(m: &Bound<'_, PyModule>) -> PyResult<()> {
+///     cubridge::python::prepare_extension(m)?;
+///     m.add_function(wrap_pyfunction!(my_kernel, m)?)
+/// }
+/// ```
+pub fn prepare_extension(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let table = PyCapsule::import_pointer(m.py(), NAME)?;
+    // SAFETY: the capsule of this name is the `cubridge` module's static table, whose first two
+    // fields are its ABI and version in every release; `adopt` reads the rest only where the
+    // ABI is ours.
+    unsafe { crate::runtime::adopt(table.as_ptr().cast(), &m.name()?.to_string()) }?;
+    Ok(())
+}
+
+/// The stream whose queued work last wrote `array`'s memory, as its DLPack number; 0 where
+/// nothing is pending.
+fn pending_stream(array: &Array) -> usize {
+    match array.buffer().last_write() {
+        Some(w) if !w.event.as_ref().is_some_and(|e| e.is_done()) => w.stream.handle() as usize,
+        _ => 0,
+    }
+}
+
+/// `array`, its memory recorded as written by the work queued so far on `stream` (a DLPack
+/// number; 0 for none).
+fn written_on(array: Array, stream: usize) -> Result<Array> {
+    if stream == 0 {
+        return Ok(array);
+    }
+    let stream = Stream::from_handle(stream);
+    Ok(match array.device() {
+        Device::Cuda(_) if stream == LEGACY => array.with_legacy_write(),
+        Device::Cuda(n) => {
+            let event = Event::record(stream, n)?;
+            array.with_pending(stream, event)
+        }
+        _ => array,
+    })
+}
+
+/// `Table::import`: `obj` as this module takes an extension's argument.
+unsafe extern "C" fn serve_import(obj: *mut c_void, out: *mut Imported) -> i32 {
+    Python::attach(|py| {
+        // SAFETY: the caller lends a live object for the call.
+        let obj = unsafe { Bound::from_borrowed_ptr(py, obj.cast()) };
+        let imported = AnyArray::import_here(&obj).and_then(|a| {
+            let pending = pending_stream(a.array());
+            let work_stream = a.stream().map_or(0, |s| s.handle() as usize);
+            Ok((give_tensor(a.array())?, work_stream, pending))
+        });
+        match imported {
+            Ok((tensor, work_stream, pending)) => {
+                // SAFETY: the caller's out-pointer, valid for a write.
+                unsafe {
+                    *out = Imported {
+                        tensor,
+                        work_stream,
+                        pending,
+                    }
+                };
+                0
+            }
+            Err(e) => {
+                e.restore(py);
+                -1
+            }
+        }
+    })
+}
+
+/// `Table::wrap`: a `cubridge.Array` over an extension's result.
+unsafe extern "C" fn serve_wrap(
+    tensor: *mut DLManagedTensorVersioned,
+    stream: usize,
+) -> *mut c_void {
+    Python::attach(|py| {
+        // SAFETY: the caller hands the tensor over.
+        let wrapped = unsafe { take_tensor(tensor) }
+            .and_then(|array| written_on(array, stream))
+            .map_err(PyErr::from)
+            .and_then(|array| Bound::new(py, PyArray::new(array)));
+        match wrapped {
+            Ok(object) => object.into_ptr().cast(),
+            Err(e) => {
+                e.restore(py);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// An extension's argument, imported by the process's runtime.
+pub(crate) fn relay_import(runtime: &Table, obj: &Bound<'_, PyAny>) -> PyResult<AnyArray> {
+    let mut out = Imported {
+        tensor: std::ptr::null_mut(),
+        work_stream: 0,
+        pending: 0,
+    };
+    // SAFETY: a live object, borrowed for the call, and a valid out-pointer; the interpreter is
+    // attached.
+    if unsafe { (runtime.import)(obj.as_ptr().cast(), &mut out) } != 0 {
+        return Err(PyErr::fetch(obj.py()));
+    }
+    // SAFETY: the runtime handed the tensor over.
+    let array = written_on(unsafe { take_tensor(out.tensor) }?, out.pending)?;
+    let stream = (out.work_stream != 0).then(|| Stream::from_handle(out.work_stream));
+    Ok(AnyArray::new(array, stream))
+}
+
+/// Hands `array` to Python: a `cubridge.Array` of the process's runtime where this copy of
+/// cubridge hands its work to one (an extension crate's), else of this module.
+impl<'py> IntoPyObject<'py> for Array {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let Some(runtime) = crate::runtime::shared() else {
+            return Ok(Bound::new(py, PyArray::new(self))?.into_any());
+        };
+        let pending = pending_stream(&self);
+        let tensor = give_tensor(&self)?;
+        // SAFETY: the tensor is handed over; the interpreter is attached.
+        let object = unsafe { (runtime.wrap)(tensor, pending) };
+        // SAFETY: a new reference, or null with an exception set.
+        unsafe { Bound::from_owned_ptr_or_err(py, object.cast()) }
+    }
+}
