@@ -105,7 +105,21 @@ impl Array {
             Some(runtime) if device != Device::Cpu => {
                 runtime.allocate(shape, dtype, device, stream, (zeroed, false))?
             }
-            _ => Self::allocate_here(shape, dtype, device, zeroed, stream)?,
+            _ => {
+                if device != Device::Cpu {
+                    crate::cuda::require(device)?;
+                }
+                Self::over_new_storage(shape, dtype, device, |bytes| {
+                    Ok(match device {
+                        Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
+                        Device::Cuda(n) => {
+                            Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?)
+                        }
+                        Device::CudaHost => Storage::Cuda(CudaAlloc::pinned(bytes, zeroed)?),
+                        Device::CudaManaged => Storage::Cuda(CudaAlloc::managed(bytes, zeroed)?),
+                    })
+                })?
+            }
         };
         // A pool allocation (and its zeroing) is work queued on `stream`: other streams order
         // after it as after a write.
@@ -117,27 +131,6 @@ impl Array {
                 array.with_pending(stream, event)
             }
             _ => array,
-        })
-    }
-
-    /// [`Array::allocate`] from this copy's own allocators.
-    fn allocate_here(
-        shape: &[usize],
-        dtype: DType,
-        device: Device,
-        zeroed: bool,
-        stream: Stream,
-    ) -> Result<Array> {
-        if device != Device::Cpu {
-            crate::cuda::require(device)?;
-        }
-        Self::over_new_storage(shape, dtype, device, |bytes| {
-            Ok(match device {
-                Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
-                Device::Cuda(n) => Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?),
-                Device::CudaHost => Storage::Cuda(CudaAlloc::pinned(bytes, zeroed)?),
-                Device::CudaManaged => Storage::Cuda(CudaAlloc::managed(bytes, zeroed)?),
-            })
         })
     }
 

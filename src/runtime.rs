@@ -73,6 +73,25 @@ pub struct Table {
     pub wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, usize) -> *mut c_void,
 }
 
+impl Table {
+    /// The table that the `cubridge` module serves, with its Python entries.
+    pub const fn served(
+        import: unsafe extern "C" fn(*mut c_void, *mut Imported) -> i32,
+        wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, usize) -> *mut c_void,
+    ) -> Table {
+        Table {
+            abi: ABI,
+            version: VERSION.as_ptr(),
+            allocate: serve::allocate,
+            program: serve::program,
+            keep_alive: serve::keep_alive,
+            free_text: serve::free_text,
+            import,
+            wrap,
+        }
+    }
+}
+
 // SAFETY: the table is immutable plain data: function pointers and a pointer to a static string.
 unsafe impl Sync for Table {}
 
@@ -471,16 +490,7 @@ mod tests {
 
     #[test]
     fn failures_relay_kind_code_and_message() {
-        let table = Table {
-            abi: ABI,
-            version: VERSION.as_ptr(),
-            allocate: serve::allocate,
-            program: serve::program,
-            keep_alive: serve::keep_alive,
-            free_text: serve::free_text,
-            import: unreachable_import,
-            wrap: unreachable_wrap,
-        };
+        let table = Table::served(unreachable_import, unreachable_wrap);
         let mut failure = Failure::empty();
         let e = Error::Compile {
             kernel: "k".into(),

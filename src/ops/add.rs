@@ -51,7 +51,7 @@ pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) ->
     }
     let (a_b, b_b) = (broadcast(a, &shape)?, broadcast(b, &shape)?);
     if let Some(launch) = launch {
-        return add_cuda(launch, &a_b, Second::Array(&b_b), out);
+        return add_cuda(launch, &a_b, Param::Element(&b_b), out);
     }
     let operands = [Operand::of(&out), Operand::of(&a_b), Operand::of(&b_b)];
     let plan = Plan::new(&shape, out.numel(), &operands, Some(0), 1, false).coalesced::<3>();
@@ -99,13 +99,8 @@ pub fn add_scalar(
     if out.numel() == 0 {
         return Ok(out);
     }
-    add_cuda(launch, a, Second::Value(value), out)
-}
-
-/// The second input of a CUDA add: an array, or one value for every element.
-enum Second<'a> {
-    Array(&'a Array),
-    Value(Scalar),
+    let value = ElementBytes::new(out.dtype(), value);
+    add_cuda(launch, a, Param::Value(value), out)
 }
 
 /// `x` seen with `shape` (borrowed when it has that shape already).
@@ -117,11 +112,13 @@ fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
     })
 }
 
-fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Array> {
+/// `a + b` into `out` on `launch`'s device, where `b` is an array of out's shape or one value of
+/// out's dtype (add_scalar).
+fn add_cuda(launch: Launch, a: &Array, b: Param<'_>, out: Array) -> Result<Array> {
     let ordinal = launch.ordinal();
     let b_array = match b {
-        Second::Array(b) => Some(b),
-        Second::Value(_) => None,
+        Param::Element(b) => Some(b),
+        _ => None,
     };
     let inputs: Vec<&Array> = [Some(a), b_array].into_iter().flatten().collect();
     launch.order(&[&inputs[..], &[&out]].concat())?;
@@ -132,12 +129,9 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
     // The kernel's operands in its parameter order: a, b (an array, or a value among the
     // parameters, which the loop does not walk), out. The loop is led by out, the last operand
     // it walks (its writes run along its unit stride).
-    let (second, b_param) = match b {
-        Second::Array(b) => (kernels::Second::Array, Param::Element(b)),
-        Second::Value(v) => (
-            kernels::Second::Value,
-            Param::Value(ElementBytes::new(out.dtype(), v)),
-        ),
+    let second = match b_array {
+        Some(_) => kernels::Second::Array,
+        None => kernels::Second::Value,
     };
     let (with_b, without_b);
     let walked: &[Operand<'_>] = match b_array {
@@ -161,7 +155,7 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
         &out,
     )?;
     // SAFETY: add's kernels take the parameters of their variant as kernels/abi.cuh lays them
-    // out for a, b (a pointer or CbStrided, or for Second::Value the element's bytes, which is
+    // out for a, b (a pointer or CbStrided, or for a value the element's bytes, which is
     // the kernel's `Splat` parameter), out (kernels::add_program writes them so), and the
     // chosen one is the plan's variant and index width (Plan::new: the vector kernel only for
     // aligned pointers, the 32-bit kernels only where every index and offset fits, the tiled
@@ -175,7 +169,7 @@ fn add_cuda(launch: Launch, a: &Array, b: Second<'_>, out: Array) -> Result<Arra
         params::launch(
             &launch,
             &plan,
-            &[Param::Element(a), b_param, Param::Element(&out)],
+            &[Param::Element(a), b, Param::Element(&out)],
             &kernel,
         )?
     };

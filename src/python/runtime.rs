@@ -9,7 +9,7 @@ use crate::array::Array;
 use crate::cuda::stream::{Event, Stream, LEGACY};
 use crate::device::Device;
 use crate::error::Result;
-use crate::runtime::{give_tensor, serve, take_tensor, Imported, Table, ABI, VERSION};
+use crate::runtime::{give_tensor, take_tensor, Imported, Table};
 use dlpark::ffi::DLManagedTensorVersioned;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -20,16 +20,7 @@ use std::ptr::NonNull;
 const NAME: &CStr = c"cubridge._cubridge._runtime";
 
 /// The `cubridge` module's table.
-static TABLE: Table = Table {
-    abi: ABI,
-    version: VERSION.as_ptr(),
-    allocate: serve::allocate,
-    program: serve::program,
-    keep_alive: serve::keep_alive,
-    free_text: serve::free_text,
-    import: serve_import,
-    wrap: serve_wrap,
-};
+static TABLE: Table = Table::served(serve_import, serve_wrap);
 
 /// Publishes the table in the `cubridge` module.
 pub(crate) fn publish(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -2,16 +2,47 @@
 //! CuPy's, Numba's and PyTorch's device arrays without copying, and the stream a v3 producer
 //! names.
 
+use super::dlpack::{type_facts, Exchanged, Table};
+use super::{is_numpy_ndarray, Imported};
 use crate::array::Array;
 use crate::cuda::{memory, stream as cs};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::python::stream::Use;
+use crate::python::types::PyArray;
 use crate::view::{from_descriptor, Descriptor};
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+/// A kernel operand through its CUDA array interface, where that is version 3 and the producer
+/// has no DLPack (Numba): the interface names the stream its pending writes are on (the
+/// producer's current stream), on which the kernel can run with no event between them, or none
+/// when nothing is pending.
+/// `None` for anything else (an exchange-table producer, JAX's version-2 interface), which
+/// [`import`] answers, as it does an interface it cannot read.
+pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
+    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+        return None;
+    }
+    let facts = type_facts(obj);
+    // DLPack producers take DLPack: for CuPy, its export costs less than its interface dict.
+    if !facts.cai || facts.dlpack || facts.immutable || facts.table == Table::Usable {
+        return None;
+    }
+    let described = describe(obj).ok()??;
+    if described.version < 3 {
+        return None;
+    }
+    Some(Exchanged {
+        imported: Imported {
+            array: described.array,
+            copied: false,
+        },
+        stream: described.stream,
+    })
+}
 
 fn get<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
     Ok(d.get_item(key)?.filter(|v| !v.is_none()))

@@ -85,34 +85,6 @@ pub fn exchanged(
     })
 }
 
-/// A kernel operand through its CUDA array interface, where that is version 3 and the producer
-/// has no DLPack (Numba): the interface names the stream its pending writes are on (the
-/// producer's current stream), on which the kernel can run with no event between them, or none
-/// when nothing is pending.
-/// `None` for anything else (an exchange-table producer, JAX's version-2 interface), which
-/// [`import`] answers, as it does an interface it cannot read.
-pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
-    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
-        return None;
-    }
-    let facts = type_facts(obj);
-    // DLPack producers take DLPack: for CuPy, its export costs less than its interface dict.
-    if !facts.cai || facts.dlpack || facts.immutable || facts.table == Table::Usable {
-        return None;
-    }
-    let described = super::cai::describe(obj).ok()??;
-    if described.version < 3 {
-        return None;
-    }
-    Some(Exchanged {
-        imported: Imported {
-            array: described.array,
-            copied: false,
-        },
-        stream: described.stream,
-    })
-}
-
 /// The current stream of `obj`'s producer where cubridge knows how to ask for it without the
 /// exchange table: CuPy's (`cupy.cuda.get_current_stream().ptr`). A kernel on
 /// that stream needs no event from the producer's export, which orders its work before the
@@ -142,7 +114,7 @@ pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
 
 /// What `obj`'s type publishes of a DLPack C exchange table.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Table {
+pub(super) enum Table {
     /// None at all (the type names no `__dlpack_c_exchange_api__`).
     Absent,
     /// A valid capsule, set by the same class that implements `__dlpack__`: the table may stand
@@ -160,12 +132,13 @@ enum Table {
 /// asked), whether its arrays are immutable (JAX's), and whether it is a numpy scalar type.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct TypeFacts {
-    table: Table,
+    pub(super) table: Table,
     /// The address of a usable table ([`super::exchange::table_of`]), else 0.
     api: usize,
     /// The type has `__dlpack__`.
     pub(super) dlpack: bool,
-    cai: bool,
+    /// The type has `__cuda_array_interface__`.
+    pub(super) cai: bool,
     cupy: bool,
     /// The type has `requires_grad` (torch's tensors).
     pub(super) grad: bool,
