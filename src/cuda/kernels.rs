@@ -18,8 +18,14 @@ pub const ABI: &str = include_str!("../../kernels/abi.cuh");
 pub const ACCESS: &str = include_str!("../../kernels/access.cuh");
 /// What every module of cubridge's own has after [`ABI`] and [`ACCESS`].
 const COMMON: &str = include_str!("../../kernels/common.cuh");
-/// add's contiguous, vector and strided kernels.
-const FLAT: &str = include_str!("../../kernels/elementwise.cu");
+/// The flat loops of every elementwise kernel (contiguous, vector, strided), over the operands
+/// and operation of a kernel: add's and users' (`cbt::contiguous`, ...), after [`ABI`].
+pub const LOOPS: &str = include_str!("../../kernels/loops.cuh");
+/// add's operands for [`LOOPS`], after them.
+const FLAT: &str = concat!(
+    include_str!("../../kernels/loops.cuh"),
+    include_str!("../../kernels/elementwise.cu")
+);
 /// The tiled kernel, over an operation: add's, and users' (`cbt::tiled`).
 pub const TILED: &str = include_str!("../../kernels/tiled.cu");
 /// The strided gather of device-side copies.
@@ -483,25 +489,28 @@ fn add_wrapper(
         Index::I64 => ("long long", "long long"),
     };
     let b_in = second_input(second, tb, signed);
-    let flat = |name: &str, v: usize| {
+    let flat = |name: &str, lp: &str, v: usize| {
         format!(
             "extern \"C\" __global__ void {name}(const {ta}* a, {}, {tr}* o, long long n) \
-             {{ add_contiguous<{ta}, {tb}, {tr}, {v}>(o, a, {}, ({unsigned})n); }}\n",
-            b_in.flat, b_in.read
+             {{ cbt::{lp}<AddFlat<{ta}, {tb}, {tr}, {v}, {}>, {unsigned}>({{a, {}, o}}, n); }}\n",
+            b_in.flat, b_in.reader, b_in.read
         )
     };
     match part {
-        AddPart::Contiguous => (flat("cb_add_contiguous", 1), "cb_add_contiguous"),
+        AddPart::Contiguous => (
+            flat("cb_add_contiguous", "contiguous", 1),
+            "cb_add_contiguous",
+        ),
         AddPart::Vector => (
-            flat("cb_add_vector", vector_width(a, b, r)),
+            flat("cb_add_vector", "vector", vector_width(a, b, r)),
             "cb_add_vector",
         ),
         AddPart::Strided => (
             format!(
                 "extern \"C\" __global__ void cb_add_strided(CbStrided<{ta}> a, {}, \
-                 CbStrided<{tr}> o, long long n, CbShape g) {{ add_strided<{ta}, {tb}, {tr}, \
-                 {signed}>(o, a, {}, {}, ({signed})n, g); }}\n",
-                b_in.strided, b_in.read_strided, b_in.strides
+                 CbStrided<{tr}> o, long long n, CbShape g) {{ cbt::strided<AddStrided<{ta}, \
+                 {tb}, {tr}, {}>, {signed}>({{a, {}, {}, o}}, n, g); }}\n",
+                b_in.strided, b_in.reader, b_in.read_strided, b_in.strides
             ),
             "cb_add_strided",
         ),

@@ -10,10 +10,6 @@ use std::fmt::Write;
 
 const HEADER: &str = include_str!("../../../kernels/user.cuh");
 
-/// Packs each thread of the vector kernel moves per operand and step: add's, which the loop
-/// plan's grid counts on (`ops::plan::Plan::vector_blocks`).
-pub const UNROLL: usize = crate::cuda::kernels::UNROLL;
-
 /// How a call passes one parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -105,8 +101,18 @@ fn prelude(spec: &Spec, sig: &Signature) -> String {
 /// pointer (or, `strided`, a CbStrided) for an element operand, a value, or a CbRaw; then n;
 /// then, `strided`, the loop's shape.
 fn kernel_params(sig: &Signature, strided: bool) -> String {
+    let mut list = operand_list(sig, strided, ", ");
+    list.push_str(", long long n");
+    if strided {
+        list.push_str(", CbShape g");
+    }
+    list
+}
+
+/// Each parameter as a declaration (`strided`: element operands as CbStrided), joined by `sep`.
+fn operand_list(sig: &Signature, strided: bool, sep: &str) -> String {
     let ty = |k: usize| c_type(sig.dtypes[k]);
-    let mut list: Vec<String> = (0..sig.roles.len())
+    let list: Vec<String> = (0..sig.roles.len())
         .map(|k| match sig.roles[k] {
             Role::Element if strided => format!("CbStrided<{}> p{k}", ty(k)),
             Role::Element => format!("{}* p{k}", ty(k)),
@@ -114,135 +120,100 @@ fn kernel_params(sig: &Signature, strided: bool) -> String {
             Role::Raw => format!("CbRaw<{}> p{k}", ty(k)),
         })
         .collect();
-    list.push("long long n".into());
-    if strided {
-        list.push("CbShape g".into());
-    }
-    list.join(", ")
+    list.join(sep)
 }
 
-/// The program of `spec` for `sig`. `reads[k]` says whether output `k` is loaded before the
-/// operation runs (see [`super::spec::reads_output`]).
+/// The program of `spec` for `sig`: its operands and operation as the `Ops` of the flat loops
+/// (`kernels/loops.cuh`, which add's kernels instantiate too), contiguous (`CbFlat`) and
+/// strided (`CbStridedOps`), and the five kernels over them. `reads[k]` says whether output `k`
+/// is loaded before the operation runs (see [`super::spec::reads_output`]).
 pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
     let nin = spec.inputs.len();
-    let params: Vec<_> = spec.params().collect();
+    let roles = &sig.roles;
     let ty = |k: usize| c_type(sig.dtypes[k]);
     let width = vector_width(sig);
     let mut src = prelude(spec, sig);
-    let kernel_params = |strided: bool| kernel_params(sig, strided);
-
+    src.push_str(crate::cuda::kernels::LOOPS);
     let args = |element: &dyn Fn(usize) -> String| -> String {
-        (0..params.len())
-            .map(|k| match sig.roles[k] {
-                Role::Element => element(k),
-                _ => format!("p{k}"),
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
+        let arg = |k: usize| match roles[k] {
+            Role::Element => element(k),
+            _ => format!("p{k}"),
+        };
+        (0..roles.len()).map(arg).collect::<Vec<_>>().join(", ")
     };
-    let name = &spec.name;
-    let flat_args = args(&|k| format!("p{k}[i]"));
-
-    // Contiguous: one element per index, grid-stride.
-    let _ = write!(
-        src,
-        "extern \"C\" __global__ void {name}_contiguous({}) {{\n\
-         const CbInd ind{{n}};\n\
-         const long long step = (long long)gridDim.x * blockDim.x;\n\
-         for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)\n\
-         cb_op(i, ind, {flat_args});\n}}\n",
-        kernel_params(false)
-    );
-
-    // Vector: every element operand contiguous and aligned to its pack; each thread loads
-    // UNROLL packs of each operand it reads before it computes; block 0 finishes the tail.
-    let elements: Vec<usize> = (0..params.len())
-        .filter(|&k| sig.roles[k] == Role::Element)
+    let elements: Vec<usize> = (0..roles.len())
+        .filter(|&k| roles[k] == Role::Element)
         .collect();
-    let loaded = |k: usize| k < nin || reads[k - nin];
-    let mut v = String::new();
+    let [mut packs, mut loads, mut stores, mut offsets, mut steps]: [String; 5] =
+        Default::default();
     for &k in &elements {
-        let _ = writeln!(v, "CbPack<{}, {width}> v{k}[{UNROLL}];", ty(k));
-    }
-    let _ = write!(
-        v,
-        "#pragma unroll\nfor (int u = 0; u < {UNROLL}; ++u) {{\n\
-         const I k = base + u * (I)blockDim.x + threadIdx.x;\nif (k < packs) {{\n"
-    );
-    for &k in elements.iter().filter(|&&k| loaded(k)) {
-        let _ = writeln!(
-            v,
-            "v{k}[u] = reinterpret_cast<const CbPack<{t}, {width}>*>(p{k})[k];",
-            t = ty(k)
-        );
-    }
-    let _ = write!(
-        v,
-        "}}\n}}\n#pragma unroll\nfor (int u = 0; u < {UNROLL}; ++u) {{\n\
-         const I k = base + u * (I)blockDim.x + threadIdx.x;\nif (k < packs) {{\n\
-         #pragma unroll\nfor (int e = 0; e < {width}; ++e) cb_op((long long)k * {width} + e, ind, {});\n",
-        args(&|k| format!("v{k}[u].v[e]"))
-    );
-    for &k in elements.iter().filter(|&&k| k >= nin) {
-        let _ = writeln!(
-            v,
-            "reinterpret_cast<CbPack<{t}, {width}>*>(p{k})[k] = v{k}[u];",
-            t = ty(k)
-        );
-    }
-    v.push_str("}\n}\n");
-    // In index type I: unsigned int where the packs fit (cheaper arithmetic), else long long.
-    let names: Vec<String> = (0..params.len()).map(|k| format!("p{k}")).collect();
-    let _ = write!(
-        src,
-        "template <typename I>\n__device__ __forceinline__ void {name}_vector({}) {{\n\
-         const CbInd ind{{n}};\n\
-         const I packs = (I)(n / {width});\n\
-         const I chunk = (I)blockDim.x * {UNROLL};\n\
-         for (I base = (I)blockIdx.x * chunk; base < packs; base += (I)gridDim.x * chunk) {{\n\
-         {v}}}\n\
-         if (blockIdx.x == 0) {{\n\
-         const long long i = (long long)packs * {width} + threadIdx.x;\n\
-         if (i < n) cb_op(i, ind, {flat_args});\n}}\n}}\n",
-        kernel_params(false)
-    );
-    for (bits, index) in [(32, "unsigned int"), (64, "long long")] {
-        let _ = write!(
-            src,
-            "extern \"C\" __global__ void {name}_vector{bits}({}) {{\n\
-             {name}_vector<{index}>({}, n);\n}}\n",
-            kernel_params(false),
-            names.join(", ")
-        );
-    }
-
-    // Strided: any strides over up to CB_MAX_DIMS coalesced dimensions, in index type I.
-    let mut offsets = String::new();
-    let mut steps = String::new();
-    for &k in &elements {
-        let _ = writeln!(offsets, "I o{k} = 0;");
-        let _ = writeln!(steps, "o{k} += idx * (I)p{k}.s[d];");
+        let t = ty(k);
+        let _ = write!(packs, "CbPack<{t}, {width}> v{k}; ");
+        if k < nin || reads[k - nin] {
+            let _ = write!(
+                loads,
+                "p.v{k} = reinterpret_cast<const CbPack<{t}, W>*>(p{k})[k]; "
+            );
+        }
+        if k >= nin {
+            let _ = write!(
+                stores,
+                "reinterpret_cast<CbPack<{t}, W>*>(p{k})[k] = p.v{k}; "
+            );
+        }
+        let _ = write!(offsets, "I o{k}; ");
+        let _ = write!(steps, "o.o{k} += idx * (I)p{k}.s[d]; ");
     }
     let _ = write!(
         src,
-        "template <typename I>\n__device__ __forceinline__ void {name}_strided({}) {{\n\
-         const CbInd ind{{n}};\n\
-         const I m = (I)n, step = (I)gridDim.x * blockDim.x;\n\
-         for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < m; i += step) {{\n\
-         I rem = i;\n{offsets}\
-         for (int d = g.ndim - 1; d >= 0; --d) {{\n\
-         const I e = (I)g.d[d];\nconst I idx = rem % e;\nrem /= e;\n{steps}}}\n\
-         cb_op((long long)i, ind, {});\n}}\n}}\n",
-        kernel_params(true),
-        args(&|k| format!("p{k}.p[o{k}]"))
+        "struct CbFlat {{
+static constexpr int W = {width};
+CbInd ind;
+{};
+         template <typename I> __device__ __forceinline__ void at(I i) const          {{ cb_op((long long)i, ind, {}); }}
+         struct Packs {{ {packs}}};
+         template <typename I> __device__ __forceinline__ void load(Packs& p, I k) const          {{ (void)p; (void)k; {loads}}}
+         __device__ __forceinline__ void apply(Packs& p, long long first) const {{
+         (void)p;
+#pragma unroll
+for (int e = 0; e < W; ++e) cb_op(first + e, ind, {});
+}}
+         template <typename I> __device__ __forceinline__ void store(const Packs& p, I k) const          {{ (void)p; (void)k; {stores}}}
+}};
+         struct CbStridedOps {{
+CbInd ind;
+{};
+         template <typename I> struct Offsets {{ {offsets}}};
+         template <typename I> __device__ __forceinline__ void step(Offsets<I>& o, int d, I idx)          const {{ (void)o; (void)d; (void)idx; {steps}}}
+         template <typename I> __device__ __forceinline__ void at(const Offsets<I>& o, long long i)          const {{ (void)o; cb_op(i, ind, {}); }}
+}};
+",
+        operand_list(sig, false, ";
+"),
+        args(&|k| format!("p{k}[i]")),
+        args(&|k| format!("p.v{k}.v[e]")),
+        operand_list(sig, true, ";
+"),
+        args(&|k| format!("p{k}.p[o.o{k}]")),
     );
-    for (bits, index) in [(32, "int"), (64, "long long")] {
-        let _ = write!(
+    let name = &spec.name;
+    let init = (0..roles.len())
+        .map(|k| format!(", p{k}"))
+        .collect::<String>();
+    for (function, lp, index, ops) in [
+        ("contiguous", "contiguous", "long long", "CbFlat"),
+        ("vector32", "vector", "unsigned int", "CbFlat"),
+        ("vector64", "vector", "long long", "CbFlat"),
+        ("strided32", "strided", "int", "CbStridedOps"),
+        ("strided64", "strided", "long long", "CbStridedOps"),
+    ] {
+        let strided = ops == "CbStridedOps";
+        let shape = if strided { ", g" } else { "" };
+        let _ = writeln!(
             src,
-            "extern \"C\" __global__ void {name}_strided{bits}({}) {{\n\
-             {name}_strided<{index}>({}, n, g);\n}}\n",
-            kernel_params(true),
-            names.join(", ")
+            "extern \"C\" __global__ void {name}_{function}({}) \
+             {{ cbt::{lp}<{ops}, {index}>({ops}{{{{n}}{init}}}, n{shape}); }}",
+            kernel_params(sig, strided)
         );
     }
     Program {
