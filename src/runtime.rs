@@ -67,7 +67,7 @@ pub struct Table {
     pub free_text: unsafe extern "C" fn(*mut c_char),
     /// Imports a Python object (a borrowed reference) as the runtime does a kernel's argument,
     /// with the interpreter attached.
-    pub import: unsafe extern "C" fn(*mut c_void, *mut Imported) -> i32,
+    pub import: unsafe extern "C" fn(*mut c_void, *mut ImportReply) -> i32,
     /// A new `cubridge.Array` (a new reference) over a tensor, whose memory the work queued so far
     /// on the stream (DLPack number; 0 for none) writes; takes the tensor in every case.
     pub wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, usize) -> *mut c_void,
@@ -76,7 +76,7 @@ pub struct Table {
 impl Table {
     /// The table that the `cubridge` module serves, with its Python entries.
     pub const fn served(
-        import: unsafe extern "C" fn(*mut c_void, *mut Imported) -> i32,
+        import: unsafe extern "C" fn(*mut c_void, *mut ImportReply) -> i32,
         wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, usize) -> *mut c_void,
     ) -> Table {
         Table {
@@ -129,7 +129,7 @@ pub struct ProgramText {
 
 /// What `import` hands back.
 #[repr(C)]
-pub struct Imported {
+pub struct ImportReply {
     /// The array; the caller's to delete.
     pub tensor: *mut DLManagedTensorVersioned,
     /// The producer's current work stream (DLPack number), 0 where it names none.
@@ -529,7 +529,7 @@ mod tests {
         assert_eq!(values, &[0; 6]);
     }
 
-    unsafe extern "C" fn unreachable_import(_: *mut c_void, _: *mut Imported) -> i32 {
+    unsafe extern "C" fn unreachable_import(_: *mut c_void, _: *mut ImportReply) -> i32 {
         -1
     }
 

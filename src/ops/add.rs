@@ -133,20 +133,11 @@ fn add_cuda(launch: Launch, a: &Array, b: Param<'_>, out: Array) -> Result<Array
         Some(_) => kernels::Second::Array,
         None => kernels::Second::Value,
     };
-    let (with_b, without_b);
-    let walked: &[Operand<'_>] = match b_array {
-        Some(b) => {
-            with_b = [Operand::of(a), Operand::of(b), Operand::of(&out)];
-            &with_b
-        }
-        None => {
-            without_b = [Operand::of(a), Operand::of(&out)];
-            &without_b
-        }
-    };
-    let lead = walked.len() - 1;
+    // a, b, out; or a, out where b is a value.
+    let all = [a, b_array.unwrap_or(&out), &out].map(Operand::of);
+    let walked = &all[..2 + b_array.is_some() as usize];
     let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
-    let plan = Plan::new(out.shape(), n, walked, Some(lead), width, true);
+    let plan = Plan::new(out.shape(), n, walked, Some(walked.len() - 1), width, true);
     let kernel = add_kernel(
         ordinal,
         &plan,

@@ -9,7 +9,7 @@ use crate::array::Array;
 use crate::cuda::stream::{Event, Stream, LEGACY};
 use crate::device::Device;
 use crate::error::Result;
-use crate::runtime::{give_tensor, take_tensor, Imported, Table};
+use crate::runtime::{give_tensor, take_tensor, ImportReply, Table};
 use dlpark::ffi::DLManagedTensorVersioned;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -81,7 +81,7 @@ fn written_on(array: Array, stream: usize) -> Result<Array> {
 }
 
 /// `Table::import`: `obj` as this module takes an extension's argument.
-unsafe extern "C" fn serve_import(obj: *mut c_void, out: *mut Imported) -> i32 {
+unsafe extern "C" fn serve_import(obj: *mut c_void, out: *mut ImportReply) -> i32 {
     Python::attach(|py| {
         // SAFETY: the caller lends a live object for the call.
         let obj = unsafe { Bound::from_borrowed_ptr(py, obj.cast()) };
@@ -94,7 +94,7 @@ unsafe extern "C" fn serve_import(obj: *mut c_void, out: *mut Imported) -> i32 {
             Ok((tensor, work_stream, pending)) => {
                 // SAFETY: the caller's out-pointer, valid for a write.
                 unsafe {
-                    *out = Imported {
+                    *out = ImportReply {
                         tensor,
                         work_stream,
                         pending,
@@ -133,7 +133,7 @@ unsafe extern "C" fn serve_wrap(
 
 /// An extension's argument, imported by the process's runtime.
 pub(crate) fn relay_import(runtime: &Table, obj: &Bound<'_, PyAny>) -> PyResult<AnyArray> {
-    let mut out = Imported {
+    let mut out = ImportReply {
         tensor: std::ptr::null_mut(),
         work_stream: 0,
         pending: 0,
