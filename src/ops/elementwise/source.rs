@@ -375,10 +375,19 @@ mod tests {
             "void cb_op(const long long i, const CbInd& _ind, const __nv_bfloat16 x, \
              CbRaw<__nv_bfloat16> w, const float a, __nv_bfloat16& z)"
         ));
-        assert!(p.source.contains("cb_op(i, ind, p0[i], p1, p2, p3[i]);"));
+        // The operation on contiguous and on strided operands (raw arrays and values whole).
+        assert!(p
+            .source
+            .contains("cb_op((long long)i, ind, p0[i], p1, p2, p3[i]);"));
+        assert!(p
+            .source
+            .contains("cb_op(i, ind, p0.p[o.o0], p1, p2, p3.p[o.o3]);"));
         // z is only assigned: stored, never loaded.
-        assert!(!p.source.contains("v3[u] = reinterpret_cast"));
-        assert!(p.source.contains("v0[u] = reinterpret_cast"));
+        assert!(!p.source.contains("p.v3 = reinterpret_cast"));
+        assert!(p.source.contains("p.v0 = reinterpret_cast"));
+        assert!(p
+            .source
+            .contains("reinterpret_cast<CbPack<__nv_bfloat16, W>*>(p3)[k] = p.v3;"));
         assert_eq!(
             p.functions,
             vec![
