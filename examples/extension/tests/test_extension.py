@@ -164,3 +164,23 @@ def test_one_runtime_serves_the_extension_and_cubridge():
             break
         time.sleep(0.001)
     assert cb.cuda.memory_stats()["allocated_bytes"] < before + 4 * n
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_a_cubridge_array_still_being_written_on_another_stream_is_waited_for():
+    # The runtime hands the extension a cubridge array together with its pending write: the
+    # extension's kernel (on the default stream) runs after the write queued behind 0.1 s on
+    # a side stream, not before it.
+    n = 1 << 20
+    x = cb.zeros((n,), dtype="float32", device="cuda")
+    y = cb.asarray(np.ones(n, dtype=np.float32), device="cuda")
+    side = torch.cuda.Stream()
+    cycles = int(0.1 * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+    cb.add(y, 1.0, out=x, stream=side)  # x = 2, behind the sleep
+    z = ext.scaled_add(x, y, 3.0)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(torch.from_dlpack(z).cpu().numpy(), np.full(n, 7, np.float32))
