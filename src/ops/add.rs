@@ -7,12 +7,12 @@ use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
 use crate::cuda::kernels::AddPart;
 use crate::cuda::stream::Stream;
-use crate::cuda::{kernels, stream as cuda_stream};
+use crate::cuda::{kernels, stream as cuda_stream, sys};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{shape_str, Error, Result};
 use crate::layout::broadcast_shapes;
-use crate::ops::elementwise::params::{self, Kernel, Param};
+use crate::ops::elementwise::params::{self, Param};
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
 use std::borrow::Cow;
@@ -138,13 +138,13 @@ fn add_cuda(launch: Launch, a: &Array, b: Param<'_>, out: Array) -> Result<Array
     let walked = &all[..2 + b_array.is_some() as usize];
     let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
     let plan = Plan::new(out.shape(), n, walked, Some(walked.len() - 1), width, true);
-    let kernel = add_kernel(
+    let family = AddKernels {
         ordinal,
-        &plan,
-        (dtypes, second),
-        (a, b_array, b_dtype),
-        &out,
-    )?;
+        dtypes,
+        second,
+    };
+    let tiles = (a, b_array, b_dtype, &out);
+    let kernel = params::choose(&family, &plan, ordinal, width, Some(tiles))?;
     // SAFETY: add's kernels take the parameters of their variant as kernels/abi.cuh lays them
     // out for a, b (a pointer or CbStrided, or for a value the element's bytes, which is
     // the kernel's `Splat` parameter), out (kernels::add_program writes them so), and the
@@ -168,37 +168,26 @@ fn add_cuda(launch: Launch, a: &Array, b: Param<'_>, out: Array) -> Result<Array
     Ok(out)
 }
 
-/// add's kernel for the plan's variant and index width on `ordinal`, for operands `a`, `b` (none
-/// for a value, with its dtype) and `out` of `dtypes`.
-fn add_kernel(
+/// add's kernels for one dtype triple and second input on one device.
+struct AddKernels {
     ordinal: u32,
-    plan: &Plan,
-    (dtypes, second): ([DType; 3], kernels::Second),
-    (a, b, b_dtype): (&Array, Option<&Array>, DType),
-    out: &Array,
-) -> Result<Kernel> {
-    let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
-    let flat = |part| {
-        let function = kernels::add(ordinal, dtypes, second, plan.index, part)?;
-        Kernel::flat(function, plan, ordinal, width)
-    };
-    Ok(match plan.variant {
-        Variant::Vector => flat(AddPart::Vector)?,
-        Variant::Contiguous => flat(AddPart::Contiguous)?,
-        Variant::Strided => flat(AddPart::Strided)?,
-        Variant::Tiled { mask } => {
-            let tiled = kernels::add_tiled(ordinal, dtypes, second, plan.index)?;
-            // The walked operands are a, b (unless a value), out: the plan's mask has a's bit 0
-            // and b's bit 1, as the kernel's.
-            params::tiled_kernel(
-                (tiled.function, tiled.pairs),
-                plan,
-                mask,
-                (a, b, b_dtype),
-                out,
-            )
-        }
-    })
+    dtypes: [DType; 3],
+    second: kernels::Second,
+}
+
+impl params::Family for AddKernels {
+    fn flat(&self, variant: Variant, index: kernels::Index) -> Result<sys::CUfunction> {
+        let part = match variant {
+            Variant::Vector => AddPart::Vector,
+            Variant::Contiguous => AddPart::Contiguous,
+            _ => AddPart::Strided,
+        };
+        kernels::add(self.ordinal, self.dtypes, self.second, index, part)
+    }
+
+    fn tiled(&self, index: kernels::Index) -> Result<sys::CUfunction> {
+        Ok(kernels::add_tiled(self.ordinal, self.dtypes, self.second, index)?.function)
+    }
 }
 
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the

@@ -10,8 +10,8 @@ pub mod source;
 pub mod spec;
 
 use crate::array::Array;
-use crate::cuda::kernels;
 use crate::cuda::stream::Stream;
+use crate::cuda::{kernels, sys};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -19,7 +19,7 @@ use crate::layout::broadcast_shapes;
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
 pub use crate::ops::Arg;
-use params::{Kernel, Param};
+use params::Param;
 use source::{Role, Signature};
 use spec::Spec;
 use std::borrow::Cow;
@@ -188,14 +188,22 @@ impl ElementwiseKernel {
             compiled.width,
             tile_operands.is_some(),
         );
-        let kernel = self.variant(
+        let family = Signed {
+            kernel: self,
             call,
-            launch.ordinal(),
+            ordinal: launch.ordinal(),
             compiled,
-            &plan,
-            tile_operands,
-            &operand,
-        )?;
+        };
+        let dtypes = &call.dtypes;
+        let tiles = tile_operands.map(|(a, b, out)| {
+            (
+                operand(a),
+                b.map(operand),
+                dtypes[b.unwrap_or(a)],
+                operand(out),
+            )
+        });
+        let kernel = params::choose(&family, &plan, launch.ordinal(), compiled.width, tiles)?;
         let list = call.params(&operand);
         // SAFETY: source::program writes this signature's kernels with the parameters of their
         // variant as kernels/abi.cuh lays them out (values of the parameter's dtype, CbRaw per
@@ -224,44 +232,6 @@ impl ElementwiseKernel {
             .then(|| source::tile_operands(&call.roles, nin, &self.reads))
             .flatten();
         (lead, tiles)
-    }
-
-    /// The kernel of the plan's variant and index width.
-    fn variant<'o>(
-        &self,
-        call: &Call<'_>,
-        ordinal: u32,
-        compiled: Compiled,
-        plan: &Plan,
-        tile_operands: TileOperands,
-        operand: &impl Fn(usize) -> &'o Array,
-    ) -> Result<Kernel> {
-        let wide = plan.index == kernels::Index::I64;
-        let flat = |function: usize| {
-            let function = function as cudarc::driver::sys::CUfunction;
-            Kernel::flat(function, plan, ordinal, compiled.width)
-        };
-        let dtypes = &call.dtypes;
-        Ok(match (plan.variant, tile_operands) {
-            (Variant::Vector, _) => flat(compiled.functions[if wide { 2 } else { 1 }])?,
-            (Variant::Contiguous, _) => flat(compiled.functions[0])?,
-            (Variant::Tiled { mask }, Some((a, b, out))) => {
-                let f = self.tiled_functions(ordinal, dtypes, &call.roles)?[usize::from(wide)];
-                let b_dtype = dtypes[b.unwrap_or(a)];
-                let pairs = kernels::pairs([dtypes[a], b_dtype, dtypes[out]]);
-                params::tiled_kernel(
-                    (f as cudarc::driver::sys::CUfunction, pairs),
-                    plan,
-                    mask,
-                    (operand(a), b.map(operand), b_dtype),
-                    operand(out),
-                )
-            }
-            // (Plan::new tiles only signatures that tile_operands accepts.)
-            (Variant::Strided | Variant::Tiled { .. }, _) => {
-                flat(compiled.functions[if wide { 4 } else { 3 }])?
-            }
-        })
     }
 
     /// The tiled kernels (32- and 64-bit) of a signature on `ordinal`, compiled on first use.
@@ -339,6 +309,33 @@ impl ElementwiseKernel {
         };
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((key.0, key.1, compiled));
         Ok(compiled)
+    }
+}
+
+/// A user's kernel's kernels for one call's signature on one device.
+struct Signed<'a> {
+    kernel: &'a ElementwiseKernel,
+    call: &'a Call<'a>,
+    ordinal: u32,
+    compiled: Compiled,
+}
+
+impl params::Family for Signed<'_> {
+    fn flat(&self, variant: Variant, index: kernels::Index) -> Result<sys::CUfunction> {
+        let wide = usize::from(index == kernels::Index::I64);
+        // source::FUNCTIONS: contiguous, vector32, vector64, strided32, strided64.
+        let k = match variant {
+            Variant::Contiguous => 0,
+            Variant::Vector => 1 + wide,
+            _ => 3 + wide,
+        };
+        Ok(self.compiled.functions[k] as sys::CUfunction)
+    }
+
+    fn tiled(&self, index: kernels::Index) -> Result<sys::CUfunction> {
+        let (dtypes, roles) = (&self.call.dtypes, &self.call.roles);
+        let f = self.kernel.tiled_functions(self.ordinal, dtypes, roles)?;
+        Ok(f[usize::from(index == kernels::Index::I64)] as sys::CUfunction)
     }
 }
 

@@ -168,6 +168,46 @@ impl Kernel {
     }
 }
 
+/// The kernels of one elementwise signature on one device, as its family makes them (add's,
+/// or a user's kernel's): what [`choose`] picks from.
+pub trait Family {
+    /// The flat kernel of `variant` (contiguous, vector or strided) in the `index` width.
+    fn flat(&self, variant: Variant, index: kernels::Index) -> Result<sys::CUfunction>;
+    /// The tiled kernel in the `index` width.
+    fn tiled(&self, index: kernels::Index) -> Result<sys::CUfunction>;
+}
+
+/// The tiled kernel's operands: a, b (none for a value, given with its dtype), out.
+pub type Tiles<'a> = (&'a Array, Option<&'a Array>, crate::DType, &'a Array);
+
+/// The kernel of `plan`'s variant and index width, from `family` on device `ordinal`, whose
+/// vector kernel moves packs of `width`. `tiles` are the tiled kernel's operands where the
+/// signature has one; a tiled plan without them runs the strided kernel.
+pub fn choose(
+    family: &impl Family,
+    plan: &Plan,
+    ordinal: u32,
+    width: usize,
+    tiles: Option<Tiles<'_>>,
+) -> Result<Kernel> {
+    let flat = |variant| Kernel::flat(family.flat(variant, plan.index)?, plan, ordinal, width);
+    match (plan.variant, tiles) {
+        (Variant::Tiled { mask }, Some((a, b, b_dtype, out))) => {
+            let pairs = kernels::pairs([a.dtype(), b_dtype, out.dtype()]);
+            let function = family.tiled(plan.index)?;
+            Ok(tiled_kernel(
+                (function, pairs),
+                plan,
+                mask,
+                (a, b, b_dtype),
+                out,
+            ))
+        }
+        (Variant::Tiled { .. }, None) => flat(Variant::Strided),
+        (variant, _) => flat(variant),
+    }
+}
+
 /// The parameter list of an elementwise kernel for `plan` over `operands` (in the kernel's
 /// parameter order: inputs, then outputs), as `kernels/abi.cuh` lays it out: one parameter per
 /// operand, then the number of indices, then for the strided and tiled variants the loop's
@@ -261,7 +301,7 @@ fn pairs_fit(strides: &[&[isize]], tile: i32, pointers: [*mut u8; 3]) -> bool {
 /// tiled, bit 1: b tiled, bit 2: pairs, set only where every pair is aligned). `inputs` are a,
 /// b (`None` for a value, or for a kernel of one input) and b's dtype (the value's, or a's); the
 /// plan walks a, b when it is an array, then `out`, so its mask has a's bit 0 and b's bit 1.
-pub fn tiled_kernel(
+fn tiled_kernel(
     (function, pairs): (sys::CUfunction, bool),
     plan: &Plan,
     mask: u32,
