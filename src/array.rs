@@ -123,15 +123,10 @@ impl Array {
         };
         // A pool allocation (and its zeroing) is work queued on `stream`: other streams order
         // after it as after a write.
-        Ok(match device {
-            Device::Cuda(_) if array.numel() == 0 => array,
-            Device::Cuda(_) if stream == crate::cuda::stream::LEGACY => array.with_legacy_write(),
-            Device::Cuda(n) => {
-                let event = Event::record(stream, n)?;
-                array.with_pending(stream, event)
-            }
-            _ => array,
-        })
+        match device {
+            Device::Cuda(_) if array.numel() == 0 => Ok(array),
+            _ => array.written_on(stream),
+        }
     }
 
     /// Keeps the memory of `arrays` valid until the work queued so far on `stream` of device
@@ -216,6 +211,18 @@ impl Array {
             event: None,
         });
         self.clone()
+    }
+
+    /// The same array, its memory recorded as written by the work queued so far on `stream` of
+    /// its CUDA device: on the legacy default stream with no event yet (as
+    /// [`Array::with_legacy_write`]), on any other with an event recorded now. Host memory is
+    /// returned as it is.
+    pub fn written_on(&self, stream: Stream) -> Result<Array> {
+        Ok(match self.device {
+            Device::Cuda(_) if stream == LEGACY => self.with_legacy_write(),
+            Device::Cuda(n) => self.with_pending(stream, Event::record(stream, n)?),
+            _ => self.clone(),
+        })
     }
 
     /// The event after the last write of the array's memory, if any. Consumers wait on it,

@@ -248,12 +248,9 @@ impl AnyArray {
         if let Some(e) = exchanged(obj, Use::Kept, &mut Default::default()) {
             // The table hands over its stream instead of ordering: an event there stands for
             // the producer's pending work.
-            let array = match (e.stream, e.imported.array.device()) {
-                (Some(s), Device::Cuda(n)) => {
-                    let event = crate::cuda::stream::Event::record(s, n)?;
-                    e.imported.array.with_pending(s, event)
-                }
-                _ => e.imported.array,
+            let array = match e.stream {
+                Some(s) => e.imported.array.written_on(s)?,
+                None => e.imported.array,
             };
             return Ok(AnyArray {
                 array,

@@ -6,8 +6,7 @@
 use super::operands::AnyArray;
 use super::types::PyArray;
 use crate::array::Array;
-use crate::cuda::stream::{Event, Stream, LEGACY};
-use crate::device::Device;
+use crate::cuda::stream::Stream;
 use crate::error::Result;
 use crate::runtime::{give_tensor, take_tensor, ImportReply, Table};
 use dlpark::ffi::DLManagedTensorVersioned;
@@ -66,18 +65,10 @@ fn pending_stream(array: &Array) -> usize {
 /// `array`, its memory recorded as written by the work queued so far on `stream` (a DLPack
 /// number; 0 for none).
 fn written_on(array: Array, stream: usize) -> Result<Array> {
-    if stream == 0 {
-        return Ok(array);
+    match stream {
+        0 => Ok(array),
+        s => array.written_on(Stream::from_handle(s)),
     }
-    let stream = Stream::from_handle(stream);
-    Ok(match array.device() {
-        Device::Cuda(_) if stream == LEGACY => array.with_legacy_write(),
-        Device::Cuda(n) => {
-            let event = Event::record(stream, n)?;
-            array.with_pending(stream, event)
-        }
-        _ => array,
-    })
 }
 
 /// `Table::import`: `obj` as this module takes an extension's argument.
