@@ -5,8 +5,9 @@
 //! statistics, one releaser thread and one kernel cache serve the whole process, and an
 //! extension's results are `cubridge.Array` instances.
 //!
-//! Arrays cross the table as DLPack managed tensors, streams as their DLPack numbers, errors as
-//! their kind, code and message: nothing of Rust's layout crosses, so an extension built
+//! Arrays cross the table as DLPack managed tensors, their pending writes as lent events
+//! ([`Written`]: never as a stream to record on, which its owner may have destroyed), streams as
+//! their DLPack numbers, errors as their kind, code and message: nothing of Rust's layout crosses, so an extension built
 //! against another release of cubridge works while the table's [`ABI`] is the same.
 //!
 //! The module's copy serves the table ([`serve`]); an extension's copy adopts it
@@ -16,7 +17,7 @@
 
 use crate::array::Array;
 use crate::cuda::kernels::Program;
-use crate::cuda::stream::Stream;
+use crate::cuda::stream::{Event, Stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, ErrorKind, Result};
@@ -68,16 +69,16 @@ pub struct Table {
     /// Imports a Python object (a borrowed reference) as the runtime does a kernel's argument,
     /// with the interpreter attached.
     pub import: unsafe extern "C" fn(*mut c_void, *mut ImportReply) -> i32,
-    /// A new `cubridge.Array` (a new reference) over a tensor, whose memory the work queued so far
-    /// on the stream (DLPack number; 0 for none) writes; takes the tensor in every case.
-    pub wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, usize) -> *mut c_void,
+    /// A new `cubridge.Array` (a new reference) over a tensor, with its last write; takes the
+    /// tensor and the write in every case.
+    pub wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, Written) -> *mut c_void,
 }
 
 impl Table {
     /// The table that the `cubridge` module serves, with its Python entries.
     pub const fn served(
         import: unsafe extern "C" fn(*mut c_void, *mut ImportReply) -> i32,
-        wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, usize) -> *mut c_void,
+        wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, Written) -> *mut c_void,
     ) -> Table {
         Table {
             abi: ABI,
@@ -134,8 +135,8 @@ pub struct ImportReply {
     pub tensor: *mut DLManagedTensorVersioned,
     /// The producer's current work stream (DLPack number), 0 where it names none.
     pub work_stream: usize,
-    /// The stream whose queued work last wrote the memory, 0 where none is pending.
-    pub pending: usize,
+    /// Its last write, where it may still be running.
+    pub write: Written,
 }
 
 /// A failed call: an [`ErrorKind`], a result code where a driver or NVRTC call failed, and the
@@ -278,11 +279,7 @@ impl Table {
         stream: Stream,
         ordinal: u32,
     ) -> std::result::Result<(), T> {
-        unsafe extern "C" fn release<T>(context: *mut c_void) {
-            // SAFETY: the box made below, handed over once and released once.
-            drop(unsafe { Box::from_raw(context.cast::<T>()) });
-        }
-        let context = Box::into_raw(Box::new(held)).cast::<c_void>();
+        let (context, release) = lend(held);
         let mut failure = Failure::empty();
         // SAFETY: the runtime calls `release` once with `context` when it accepts it; when it
         // refuses (returns nonzero) it never does, and the box is taken back here.
@@ -291,7 +288,7 @@ impl Table {
                 ordinal,
                 stream.handle() as usize,
                 context,
-                release::<T>,
+                release,
                 &mut failure,
             )
         };
@@ -301,6 +298,108 @@ impl Table {
             return Err(*unsafe { Box::from_raw(context.cast::<T>()) });
         }
         Ok(())
+    }
+}
+
+/// A value one copy of cubridge lends another: a context and the function that lets go of it,
+/// called once when the borrower drops this.
+struct Lent(*mut c_void, unsafe extern "C" fn(*mut c_void));
+
+// SAFETY: the lender hands over only `Send` values, and its release function may run on any
+// thread.
+unsafe impl Send for Lent {}
+// SAFETY: the value is never reached through a shared reference, only dropped.
+unsafe impl Sync for Lent {}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // SAFETY: the lender's release function with its context, called once.
+        unsafe { (self.1)(self.0) }
+    }
+}
+
+/// Lends `value` across the table.
+fn lend<T: Send + 'static>(value: T) -> (*mut c_void, unsafe extern "C" fn(*mut c_void)) {
+    unsafe extern "C" fn release<T>(context: *mut c_void) {
+        // SAFETY: the box made below, released once.
+        drop(unsafe { Box::from_raw(context.cast::<T>()) });
+    }
+    (Box::into_raw(Box::new(value)).cast(), release::<T>)
+}
+
+/// An array's last CUDA write as it crosses the table: the stream (DLPack number; 0 for none)
+/// and, off the legacy default stream, the event after it, lent with what keeps it alive. The
+/// event, never the stream, is waited for: the stream's owner may have destroyed it since.
+#[repr(C)]
+pub struct Written {
+    pub stream: usize,
+    /// The event's handle, 0 for a write on the legacy default stream that has none yet.
+    pub event: usize,
+    pub context: *mut c_void,
+    pub release: Option<unsafe extern "C" fn(*mut c_void)>,
+}
+
+impl Written {
+    /// No write pending.
+    pub const NONE: Written = Written {
+        stream: 0,
+        event: 0,
+        context: std::ptr::null_mut(),
+        release: None,
+    };
+
+    /// `array`'s last write where it may still be running (an event seen done is not lent).
+    pub fn of(array: &Array) -> Written {
+        let Some(w) = array.buffer().last_write() else {
+            return Written::NONE;
+        };
+        match w.event {
+            Some(e) if e.is_done() => Written::NONE,
+            Some(e) => {
+                let raw = e.raw();
+                let (context, release) = lend(e);
+                Written {
+                    stream: w.stream.handle() as usize,
+                    event: raw,
+                    context,
+                    release: Some(release),
+                }
+            }
+            None => Written {
+                stream: w.stream.handle() as usize,
+                ..Written::NONE
+            },
+        }
+    }
+
+    /// `array`, with this write recorded as its last.
+    ///
+    /// # Safety
+    /// The write came from [`Written::of`] in some copy of cubridge, for this array's memory;
+    /// it is taken over (its event let go of once).
+    pub unsafe fn record(self, array: Array) -> Array {
+        let this = std::mem::ManuallyDrop::new(self);
+        let owner = this.release.map(|r| Lent(this.context, r));
+        match (array.device(), this.stream, owner) {
+            (_, 0, _) => array,
+            (Device::Cuda(n), s, Some(owner)) if this.event != 0 => {
+                // SAFETY: a recorded event of this array's device, kept by `owner` (the caller's
+                // contract); lent events are never recorded again.
+                let event = unsafe { Event::lent(this.event, n, Box::new(owner)) };
+                array.with_pending(Stream::from_handle(s), event)
+            }
+            (Device::Cuda(_), _, _) => array.with_legacy_write(),
+            _ => array,
+        }
+    }
+}
+
+/// A write that was never recorded lets go of its event.
+impl Drop for Written {
+    fn drop(&mut self) {
+        if let Some(release) = self.release {
+            drop(Lent(self.context, release));
+        }
     }
 }
 
@@ -424,21 +523,6 @@ pub mod serve {
         }
     }
 
-    /// What an extension handed to the releaser.
-    struct Lent(*mut c_void, unsafe extern "C" fn(*mut c_void));
-
-    // SAFETY: the extension's `keep_alive` hands over only `Send` values.
-    unsafe impl Send for Lent {}
-    // SAFETY: the value is never reached through a shared reference, only dropped.
-    unsafe impl Sync for Lent {}
-
-    impl Drop for Lent {
-        fn drop(&mut self) {
-            // SAFETY: the extension's release function with its context, called once.
-            unsafe { (self.1)(self.0) }
-        }
-    }
-
     /// `Table::keep_alive`.
     ///
     /// # Safety
@@ -529,13 +613,37 @@ mod tests {
         assert_eq!(values, &[0; 6]);
     }
 
+    #[test]
+    fn a_lent_write_is_let_go_of_once_whether_recorded_or_not() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static RELEASED: AtomicUsize = AtomicUsize::new(0);
+        unsafe extern "C" fn count(_: *mut c_void) {
+            RELEASED.fetch_add(1, Ordering::SeqCst);
+        }
+        let write = || Written {
+            stream: 5,
+            event: 7,
+            context: std::ptr::null_mut(),
+            release: Some(count),
+        };
+        drop(write());
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 1);
+        // Host memory takes no CUDA write: the event is let go of at once.
+        let a = Array::zeros(&[1], DType::Int8, Device::Cpu).unwrap();
+        // SAFETY: the release function ignores its context; no event is used on the host.
+        let a = unsafe { write().record(a) };
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 2);
+        assert!(!a.has_pending());
+        assert_eq!(Written::of(&a).stream, 0);
+    }
+
     unsafe extern "C" fn unreachable_import(_: *mut c_void, _: *mut ImportReply) -> i32 {
         -1
     }
 
     unsafe extern "C" fn unreachable_wrap(
         _: *mut DLManagedTensorVersioned,
-        _: usize,
+        _: Written,
     ) -> *mut c_void {
         std::ptr::null_mut()
     }

@@ -91,6 +91,9 @@ pub struct Event {
     ordinal: u32,
     /// Seen done by [`Event::is_done`] (an event is recorded once, so it stays done).
     done: std::sync::atomic::AtomicBool,
+    /// For an event another copy of cubridge lent ([`Event::lent`]): what keeps it alive there.
+    /// Dropping it gives the event back instead of keeping it for reuse.
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: an event handle may be used from any thread with its context bound.
@@ -125,11 +128,36 @@ impl Event {
             raw: raw as usize,
             ordinal,
             done: std::sync::atomic::AtomicBool::new(false),
+            owner: None,
         };
         // SAFETY: a live event of this context; `stream` is live (the caller is using it now).
         let recorded = unsafe { result::event::record(raw, stream.handle()) };
         check(recorded, "recording an event")?;
         Ok(event)
+    }
+
+    /// An event of device `ordinal` that `owner` keeps alive (another copy of cubridge lends
+    /// it, see [`crate::runtime`]); it is never recorded again here, only waited for and asked.
+    ///
+    /// # Safety
+    /// `raw` is a recorded event of device `ordinal` that stays valid, and is not recorded
+    /// again, while `owner` lives.
+    pub unsafe fn lent(
+        raw: usize,
+        ordinal: u32,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Event {
+        Event {
+            raw,
+            ordinal,
+            done: std::sync::atomic::AtomicBool::new(false),
+            owner: Some(owner),
+        }
+    }
+
+    /// The driver's handle, for lending ([`Event::lent`]).
+    pub fn raw(&self) -> usize {
+        self.raw
     }
 
     /// Makes `consumer` wait for this event without blocking the host.
@@ -178,6 +206,9 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        if self.owner.take().is_some() {
+            return; // lent: its owner keeps or destroys it
+        }
         let mut spare = SPARE_EVENTS.lock().unwrap_or_else(|p| p.into_inner());
         if spare.len() < MAX_SPARE_EVENTS {
             spare.push((self.ordinal, self.raw));

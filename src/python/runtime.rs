@@ -7,8 +7,7 @@ use super::operands::AnyArray;
 use super::types::PyArray;
 use crate::array::Array;
 use crate::cuda::stream::Stream;
-use crate::error::Result;
-use crate::runtime::{give_tensor, take_tensor, ImportReply, Table};
+use crate::runtime::{give_tensor, take_tensor, ImportReply, Table, Written};
 use dlpark::ffi::DLManagedTensorVersioned;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -53,44 +52,22 @@ pub fn prepare_extension(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The stream whose queued work last wrote `array`'s memory, as its DLPack number; 0 where
-/// nothing is pending.
-fn pending_stream(array: &Array) -> usize {
-    match array.buffer().last_write() {
-        Some(w) if !w.event.as_ref().is_some_and(|e| e.is_done()) => w.stream.handle() as usize,
-        _ => 0,
-    }
-}
-
-/// `array`, its memory recorded as written by the work queued so far on `stream` (a DLPack
-/// number; 0 for none).
-fn written_on(array: Array, stream: usize) -> Result<Array> {
-    match stream {
-        0 => Ok(array),
-        s => array.written_on(Stream::from_handle(s)),
-    }
-}
-
 /// `Table::import`: `obj` as this module takes an extension's argument.
 unsafe extern "C" fn serve_import(obj: *mut c_void, out: *mut ImportReply) -> i32 {
     Python::attach(|py| {
         // SAFETY: the caller lends a live object for the call.
         let obj = unsafe { Bound::from_borrowed_ptr(py, obj.cast()) };
         let imported = AnyArray::import_here(&obj).and_then(|a| {
-            let pending = pending_stream(a.array());
-            let work_stream = a.stream().map_or(0, |s| s.handle() as usize);
-            Ok((give_tensor(a.array())?, work_stream, pending))
+            Ok(ImportReply {
+                tensor: give_tensor(a.array())?,
+                work_stream: a.stream().map_or(0, |s| s.handle() as usize),
+                write: Written::of(a.array()),
+            })
         });
         match imported {
-            Ok((tensor, work_stream, pending)) => {
+            Ok(reply) => {
                 // SAFETY: the caller's out-pointer, valid for a write.
-                unsafe {
-                    *out = ImportReply {
-                        tensor,
-                        work_stream,
-                        pending,
-                    }
-                };
+                unsafe { *out = reply };
                 0
             }
             Err(e) => {
@@ -104,13 +81,14 @@ unsafe extern "C" fn serve_import(obj: *mut c_void, out: *mut ImportReply) -> i3
 /// `Table::wrap`: a `cubridge.Array` over an extension's result.
 unsafe extern "C" fn serve_wrap(
     tensor: *mut DLManagedTensorVersioned,
-    stream: usize,
+    write: Written,
 ) -> *mut c_void {
     Python::attach(|py| {
         // SAFETY: the caller hands the tensor over.
         let wrapped = unsafe { take_tensor(tensor) }
-            .and_then(|array| written_on(array, stream))
             .map_err(PyErr::from)
+            // SAFETY: the extension's write of this array's memory, handed over.
+            .map(|array| unsafe { write.record(array) })
             .and_then(|array| Bound::new(py, PyArray::new(array)));
         match wrapped {
             Ok(object) => object.into_ptr().cast(),
@@ -127,7 +105,7 @@ pub(crate) fn relay_import(runtime: &Table, obj: &Bound<'_, PyAny>) -> PyResult<
     let mut out = ImportReply {
         tensor: std::ptr::null_mut(),
         work_stream: 0,
-        pending: 0,
+        write: Written::NONE,
     };
     // SAFETY: a live object, borrowed for the call, and a valid out-pointer; the interpreter is
     // attached.
@@ -135,7 +113,8 @@ pub(crate) fn relay_import(runtime: &Table, obj: &Bound<'_, PyAny>) -> PyResult<
         return Err(PyErr::fetch(obj.py()));
     }
     // SAFETY: the runtime handed the tensor over.
-    let array = written_on(unsafe { take_tensor(out.tensor) }?, out.pending)?;
+    // SAFETY: the runtime handed the tensor and its write over.
+    let array = unsafe { out.write.record(take_tensor(out.tensor)?) };
     let stream = (out.work_stream != 0).then(|| Stream::from_handle(out.work_stream));
     Ok(AnyArray::new(array, stream))
 }
@@ -151,10 +130,10 @@ impl<'py> IntoPyObject<'py> for Array {
         let Some(runtime) = crate::runtime::shared() else {
             return Ok(Bound::new(py, PyArray::new(self))?.into_any());
         };
-        let pending = pending_stream(&self);
+        let write = Written::of(&self);
         let tensor = give_tensor(&self)?;
         // SAFETY: the tensor is handed over; the interpreter is attached.
-        let object = unsafe { (runtime.wrap)(tensor, pending) };
+        let object = unsafe { (runtime.wrap)(tensor, write) };
         // SAFETY: a new reference, or null with an exception set.
         unsafe { Bound::from_owned_ptr_or_err(py, object.cast()) }
     }
