@@ -35,7 +35,9 @@ fn main() {
         cubridge::cuda::nvrtc::add_search_dirs([PathBuf::from(nvrtc)]);
     }
     let start = Instant::now();
-    match cubridge::cuda::shipped::write(&dir, &archs) {
+    let written = cubridge::ops::add::shipped_programs()
+        .and_then(|programs| cubridge::cuda::shipped::write(&dir, &archs, &programs));
+    match written {
         Ok(files) => {
             let bytes: u64 = files
                 .iter()

@@ -1,4 +1,4 @@
-// The parameter structs that every elementwise kernel takes, cubridge's own (add, the gather)
+// The parameter structs that every kernel takes, cubridge's own (add, the gather)
 // and users' alike, and the two element types they share: packs and complex numbers. It comes
 // first in every program. The host mirrors the structs in src/ops/elementwise/params.rs
 // (`Strided`, `Shape`): keep the two in step.
@@ -7,7 +7,7 @@
 // first element for the contiguous and vector variants, a CbStrided for the strided and tiled
 // ones, a value for a scalar, a CbRaw for a user's raw array), then `long long n` (the number of
 // indices), then, for the strided and tiled variants, the loop's CbShape, and, for the tiled
-// variant of add, its `int` tile mask.
+// variant, its `int` tile mask.
 
 #define CB_MAX_DIMS 8
 

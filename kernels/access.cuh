@@ -1,13 +1,12 @@
-// How the elementwise kernels of both families (add's, and users' tiled ones) take their second
-// input: an array read an element or a pack (abi.cuh's CbPack) at a time, or one value for every
-// element. In a namespace of its own, so that a user's preamble may use any name. Comes after
+// How the tiled kernel (tiled.cu) takes its second input: an array read an element or a pack
+// (abi.cuh's CbPack) at a time, or a value for every element. In a namespace of its own, so that a user's preamble may use any name. Comes after
 // abi.cuh.
 
 namespace cbt {
 
 // The second input of a kernel: an array in memory (Dense), or one value for every element
-// (Splat: add's Python scalar, passed by value among the kernel parameters, so nothing is
-// uploaded; a user's kernel with one array input has a Splat its operation never reads).
+// (Splat: a kernel with one array input, such as add of a scalar, whose value is a member of
+// the operation, has a Splat its operation never reads).
 template <typename T> struct Dense {
     static constexpr bool dense = true;
     const T* p;

@@ -1,15 +1,9 @@
-// What every kernel of cubridge's own shares, compiled at run time by NVRTC: the element types,
-// the exact widening conversions and the addition of each dtype, and add's operation as a
-// functor. Each module is abi.cuh (the parameter structs), access.cuh (packs, and the two ways
-// a kernel takes its second input), this header, one kernel source (elementwise.cu, tiled.cu,
-// gather.cu) and the `extern "C"` wrappers the host appends per dtype (src/cuda/kernels.rs).
-// The host defines CB_HALF where a float16 or bfloat16 operand needs their headers, which take
-// a fifth of a small module's compile time otherwise.
-
-#ifdef CB_HALF
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#endif
+// add's arithmetic (`add_one`), the header of add's programs: add is an elementwise kernel whose
+// operation is `out = add_one<A, B, R>(a, b)` (src/ops/add.rs), generated per signature and
+// variant as users' kernels are (src/ops/elementwise/source.rs), after abi.cuh and user.cuh.
+// The generator includes the float16 and bfloat16 headers, and defines CB_FLOAT16 and
+// CB_BFLOAT16, only where an operand has that dtype: they take a fifth of a small module's
+// compile time otherwise.
 
 // complex64 and complex128 are abi.cuh's cb_complex, as in users' kernels.
 typedef cb_complex<float> c64;
@@ -19,21 +13,23 @@ typedef cb_complex<double> c128;
 template <typename R, typename T> struct Cvt {
     __device__ static R run(T x) { return static_cast<R>(x); }
 };
-#ifdef CB_HALF
+#ifdef CB_FLOAT16
 template <> struct Cvt<float, __half> {
     __device__ static float run(__half x) { return __half2float(x); }
 };
 template <> struct Cvt<double, __half> {
     __device__ static double run(__half x) { return (double)__half2float(x); }
 };
+template <> struct Cvt<__half, __half> {
+    __device__ static __half run(__half x) { return x; }
+};
+#endif
+#ifdef CB_BFLOAT16
 template <> struct Cvt<float, __nv_bfloat16> {
     __device__ static float run(__nv_bfloat16 x) { return __bfloat162float(x); }
 };
 template <> struct Cvt<double, __nv_bfloat16> {
     __device__ static double run(__nv_bfloat16 x) { return (double)__bfloat162float(x); }
-};
-template <> struct Cvt<__half, __half> {
-    __device__ static __half run(__half x) { return x; }
 };
 template <> struct Cvt<__nv_bfloat16, __nv_bfloat16> {
     __device__ static __nv_bfloat16 run(__nv_bfloat16 x) { return x; }
@@ -71,12 +67,14 @@ CB_WRAPPING_ADD(signed char, unsigned char)
 CB_WRAPPING_ADD(short, unsigned short)
 CB_WRAPPING_ADD(int, unsigned int)
 CB_WRAPPING_ADD(long long, unsigned long long)
-#ifdef CB_HALF
+#ifdef CB_FLOAT16
 template <> struct Add<__half> {
     __device__ static __half run(__half a, __half b) {
         return __float2half_rn(__half2float(a) + __half2float(b));
     }
 };
+#endif
+#ifdef CB_BFLOAT16
 template <> struct Add<__nv_bfloat16> {
     __device__ static __nv_bfloat16 run(__nv_bfloat16 a, __nv_bfloat16 b) {
         return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
@@ -94,11 +92,3 @@ template <typename A, typename B, typename R>
 __device__ __forceinline__ R add_one(A x, B y) {
     return Add<R>::run(Cvt<R, A>::run(x), Cvt<R, B>::run(y));
 }
-
-// add's operation, for the kernels that take one as a functor (tiled.cu).
-template <typename A, typename B, typename R> struct AddOp {
-    __device__ __forceinline__ R operator()(A x, B y) const { return add_one<A, B, R>(x, y); }
-};
-
-// The access helpers of access.cuh, unqualified in add's kernels.
-using namespace cbt;

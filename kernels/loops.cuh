@@ -1,9 +1,9 @@
-// The flat loops of every elementwise kernel, add's and users', written once (after abi.cuh):
+// The flat loops of every elementwise kernel (add's and users'), written once (after abi.cuh):
 // contiguous operands, vectorized when aligned, and any strides over up to CB_MAX_DIMS
 // coalesced dimensions, each a grid-stride loop in index type I (32-bit where the host found
 // that every index and offset fits: cheaper arithmetic). A kernel instantiates them with `Ops`,
-// its operands and its operation, which the host writes per kernel (add's in elementwise.cu,
-// users' in src/ops/elementwise/source.rs):
+// its operands and its operation, which the host writes per signature
+// (src/ops/elementwise/source.rs):
 //
 //   at(i)                       the operation at element i of contiguous operands;
 //   W, Packs, load(p, k),       W-element packs: load the packs k that the operation reads,

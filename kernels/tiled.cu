@@ -1,7 +1,7 @@
 // The tiled kernel (after abi.cuh and access.cuh), for 2-D plans with a transposed input, over
-// an operation `op` of one or two inputs: add's (AddOp), or a user's elementwise operation. It
-// takes most of the compile time, so it is a module of its own, compiled only when a transposed
-// layout first needs it. In namespace cbt, beside access.cuh's helpers.
+// an operation `op` of one or two inputs: an elementwise kernel's (add's, or a user's), as the
+// host writes it (`CbTileOp`, src/ops/elementwise/source.rs). It takes most of the compile time,
+// so it is a program of its own, compiled only when a transposed layout first needs it. In namespace cbt, beside access.cuh's helpers.
 
 namespace cbt {
 

@@ -2,7 +2,7 @@
 //! the common cases in a new process loads machine code instead of running NVRTC.
 //!
 //! `make wheel` compiles them: `cargo run --release --example ship_kernels -- DIR` writes the
-//! programs of [`super::kernels::shipped_programs`] as cubins for each architecture it is given,
+//! programs of [`crate::ops::add::shipped_programs`] as cubins for each architecture it is given,
 //! and a build with `CUBRIDGE_SHIP_KERNELS=DIR` embeds every `NAME-KEY.smARCH.cubin` in DIR (see
 //! `build.rs`). A build without it ships none; everything then compiles on first use as before.
 
@@ -35,15 +35,19 @@ pub fn list() -> Vec<(&'static str, u32)> {
         .collect()
 }
 
-/// Compiles every program cubridge ships for each of `archs` (e.g. `[80, 90]`) with NVRTC and
-/// writes them into `dir` under the names build.rs embeds. Returns the files written.
-pub fn write(dir: &Path, archs: &[u32]) -> Result<Vec<PathBuf>> {
+/// Compiles `programs` (those cubridge ships) for each of `archs` (e.g. `[80, 90]`) with NVRTC
+/// and writes them into `dir` under the names build.rs embeds. Returns the files written.
+pub fn write(
+    dir: &Path,
+    archs: &[u32],
+    programs: &[super::kernels::Program],
+) -> Result<Vec<PathBuf>> {
     let io = |path: &Path, e: std::io::Error| {
         crate::Error::invalid(format!("cannot write {}: {e}", path.display()))
     };
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let mut written = Vec::new();
-    for program in super::kernels::shipped_programs() {
+    for program in programs {
         let key = super::nvrtc::key(&program.source, &program.options);
         for &arch in archs {
             let image = super::nvrtc::compile_for(
@@ -81,23 +85,5 @@ mod tests {
         assert_eq!(pick("k1", 100), None);
         assert_eq!(pick("k2", 80), None);
         assert_eq!(pick("k3", 90), None);
-    }
-
-    #[test]
-    fn shipped_programs_have_distinct_names_and_keys() {
-        let programs = super::super::kernels::shipped_programs();
-        let mut names: Vec<&str> = programs.iter().map(|p| p.name.as_str()).collect();
-        let mut keys: Vec<String> = programs
-            .iter()
-            .map(|p| super::super::nvrtc::key(&p.source, &p.options))
-            .collect();
-        names.sort();
-        names.dedup();
-        keys.sort();
-        keys.dedup();
-        assert_eq!(names.len(), programs.len());
-        assert_eq!(keys.len(), programs.len());
-        // Build files are named NAME-KEY.smARCH.cubin: a name must not hide the separators.
-        assert!(names.iter().all(|n| !n.contains('-') && !n.contains(".sm")));
     }
 }

@@ -1,21 +1,46 @@
-//! `add(a, b, out)`: validate (dtypes, shapes, devices, `out`), plan (broadcast and coalesce),
-//! launch (CPU loop or CUDA kernel). Inputs and `out` are used in place, never copied.
+//! `add(a, b, out)`: an instance of the elementwise engine ([`crate::ops::elementwise`]), with
+//! its operation (`add_one` of `kernels/common.cuh`), its promotion rule and its scalar rule,
+//! and a CPU loop for host memory. Inputs and `out` are used in place, never copied.
 
 use crate::array::Array;
-use crate::cpu::copy::ElementBytes;
 use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
-use crate::cuda::kernels::AddPart;
+use crate::cuda::kernels::{self, Index, Program};
 use crate::cuda::stream::Stream;
-use crate::cuda::{kernels, stream as cuda_stream, sys};
+use crate::cuda::{nvrtc, stream as cuda_stream};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{shape_str, Error, Result};
-use crate::layout::broadcast_shapes;
-use crate::ops::elementwise::params::{self, Param};
-use crate::ops::launch::Launch;
+use crate::error::{Error, Result};
+use crate::ops::elementwise::source::{self, Role, Signature};
+use crate::ops::elementwise::spec::{Rule, Spec};
+use crate::ops::elementwise::{Call, ElementwiseKernel};
 use crate::ops::plan::{Operand, Plan, Variant};
+use crate::ops::Arg;
 use std::borrow::Cow;
+use std::sync::OnceLock;
+
+/// add's arithmetic: exact widening into the result type, then the addition of each dtype.
+const HEADER: &str = include_str!("../../kernels/common.cuh");
+
+/// add's declaration: two inputs of their own dtypes, and a result of their promotion.
+fn spec() -> Spec {
+    let spec = Spec::new(
+        "A a, B b",
+        "R out",
+        "out = add_one<A, B, R>(a, b)",
+        "add",
+        "",
+    );
+    // A fixed declaration, which the tests parse.
+    let spec = spec.expect("add's declaration parses");
+    spec.built_in(Rule::Promote("add"), HEADER, &[nvrtc::MINIMAL])
+}
+
+/// add as an elementwise kernel, made once per process.
+fn kernel() -> &'static ElementwiseKernel {
+    static ADD: OnceLock<ElementwiseKernel> = OnceLock::new();
+    ADD.get_or_init(|| ElementwiseKernel::new(spec()))
+}
 
 /// `a + b` with numpy broadcasting and Array API promotion, written into `out` when given (which
 /// must have the broadcast shape and the promoted dtype, and may be `a` or `b` itself) or into a
@@ -25,49 +50,7 @@ use std::borrow::Cow;
 /// `None`), after the pending work of every operand's recorded stream, and the result records
 /// that stream.
 pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) -> Result<Array> {
-    let dtype = DType::promote(a.dtype(), b.dtype(), "add")?;
-    // Equal shapes (the common case) need no broadcast and no new shape.
-    let shape: Cow<'_, [usize]> = if a.shape() == b.shape() {
-        Cow::Borrowed(a.shape())
-    } else {
-        Cow::Owned(broadcast_shapes(a.shape(), b.shape())?)
-    };
-    let device = common_device(&[a, b], out)?;
-    let stream = stream.unwrap_or(cuda_stream::LEGACY);
-    let launch = match device {
-        Device::Cuda(_) => Some(Launch::begin(device, stream)?),
-        _ => None,
-    };
-    let out = match (out, &launch) {
-        (Some(out), _) => {
-            check_out(out, &shape, dtype, &[a, b])?;
-            out.clone()
-        }
-        (None, Some(launch)) => launch.empty(&shape, dtype)?,
-        (None, None) => Array::empty(&shape, dtype, device)?,
-    };
-    if out.numel() == 0 {
-        return Ok(out);
-    }
-    let (a_b, b_b) = (broadcast(a, &shape)?, broadcast(b, &shape)?);
-    if let Some(launch) = launch {
-        return add_cuda(launch, &a_b, Param::Element(&b_b), out);
-    }
-    let operands = [Operand::of(&out), Operand::of(&a_b), Operand::of(&b_b)];
-    let plan = Plan::new(&shape, out.numel(), &operands, Some(0), 1, false).coalesced::<3>();
-    // SAFETY: all three arrays are host-accessible and their layouts were validated against
-    // their buffers when they were made; `out` is writable (checked) and overlaps an input only
-    // exactly (checked); dtypes are the promoted triple.
-    unsafe {
-        cpu::add::add(
-            [a.dtype(), b.dtype(), dtype],
-            SendPtr(out.data_ptr()),
-            SendPtr(a_b.data_ptr()),
-            SendPtr(b_b.data_ptr()),
-            &plan,
-        )?
-    };
-    Ok(out)
+    run([Arg::Array(a.clone()), Arg::Array(b.clone())], out, stream)
 }
 
 /// `a + value`, where `value` (a Python scalar) takes `a`'s dtype as the Array API asks: a
@@ -81,26 +64,69 @@ pub fn add_scalar(
     out: Option<&Array>,
     stream: Option<Stream>,
 ) -> Result<Array> {
-    let dtype = a.dtype();
-    crate::ops::create::check_value_kind(value, dtype, "add")?;
-    let device = common_device(&[a], out)?;
+    run(
+        [Arg::Array(a.clone()), Arg::Value(value, None)],
+        out,
+        stream,
+    )
+}
+
+/// Binds and runs add on the inputs' device: the engine's launch on CUDA, the CPU loop on host
+/// memory.
+fn run(inputs: [Arg; 2], out: Option<&Array>, stream: Option<Stream>) -> Result<Array> {
+    let kernel = kernel();
+    let outputs = [out.cloned()];
+    let call = kernel.bind(&inputs, &outputs)?;
+    let shape = call.loop_shape(None)?;
+    let arrays: Vec<&Array> = (0..3).filter_map(|k| call.array(k)).collect();
+    let device = common_device(&arrays)?;
     let Device::Cuda(_) = device else {
-        let b = crate::ops::full(&[], value, dtype, Device::Cpu)?;
-        return add(a, &b, out, stream);
+        return on_host(&call, &shape);
     };
-    let launch = Launch::begin(device, stream.unwrap_or(cuda_stream::LEGACY))?;
-    let out = match out {
-        Some(out) => {
-            check_out(out, a.shape(), dtype, &[a])?;
-            out.clone()
-        }
-        None => launch.empty(a.shape(), dtype)?,
+    let stream = stream.unwrap_or(cuda_stream::LEGACY);
+    // SAFETY: add's operation reads its two elements and writes its one, nothing else.
+    let outs = unsafe { kernel.launch(&call, device, &shape, stream)? };
+    outs.into_iter()
+        .next()
+        .ok_or_else(|| Error::invalid("internal: add made no result"))
+}
+
+/// add on host memory: the CPU loop over the bound call's operands.
+fn on_host(call: &Call<'_>, shape: &[usize]) -> Result<Array> {
+    call.check_outputs(shape)?;
+    let [da, db, dr] = [call.dtypes[0], call.dtypes[1], call.dtypes[2]];
+    let a = call
+        .array(0)
+        .ok_or_else(|| Error::invalid("internal: add's first input"))?;
+    // A value is read from a one-element array.
+    let b = match (call.array(1), call.value(1)) {
+        (Some(b), _) => Cow::Borrowed(b),
+        (None, Some(v)) => Cow::Owned(crate::ops::full(&[], v, db, Device::Cpu)?),
+        (None, None) => return Err(Error::invalid("internal: add's second input")),
+    };
+    let out = match call.array(2) {
+        Some(out) => out.clone(),
+        None => Array::empty(shape, dr, Device::Cpu)?,
     };
     if out.numel() == 0 {
         return Ok(out);
     }
-    let value = ElementBytes::new(out.dtype(), value);
-    add_cuda(launch, a, Param::Value(value), out)
+    let (a_b, b_b) = (broadcast(a, shape)?, broadcast(&b, shape)?);
+    let operands = [Operand::of(&out), Operand::of(&a_b), Operand::of(&b_b)];
+    let plan = Plan::new(shape, out.numel(), &operands, Some(0), 1, false).coalesced::<3>();
+    // SAFETY: all three arrays are host-accessible and their layouts were validated against
+    // their buffers when they were made; `out` is writable (checked) and overlaps an input only
+    // exactly (checked); dtypes are the promoted triple.
+    unsafe {
+        cpu::add::add(
+            [da, db, dr],
+            SendPtr(out.data_ptr()),
+            SendPtr(a_b.data_ptr()),
+            SendPtr(b_b.data_ptr()),
+            &plan,
+        )?
+    };
+    Ok(out)
 }
 
 /// `x` seen with `shape` (borrowed when it has that shape already).
@@ -112,193 +138,81 @@ fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
     })
 }
 
-/// `a + b` into `out` on `launch`'s device, where `b` is an array of out's shape or one value of
-/// out's dtype (add_scalar).
-fn add_cuda(launch: Launch, a: &Array, b: Param<'_>, out: Array) -> Result<Array> {
-    let ordinal = launch.ordinal();
-    let b_array = match b {
-        Param::Element(b) => Some(b),
-        _ => None,
-    };
-    let inputs: Vec<&Array> = [Some(a), b_array].into_iter().flatten().collect();
-    launch.order(&[&inputs[..], &[&out]].concat())?;
-    let n = out.numel();
-    // A value has the result's dtype (add_scalar).
-    let b_dtype = b_array.map_or(out.dtype(), |b| b.dtype());
-    let dtypes = [a.dtype(), b_dtype, out.dtype()];
-    // The kernel's operands in its parameter order: a, b (an array, or a value among the
-    // parameters, which the loop does not walk), out. The loop is led by out, the last operand
-    // it walks (its writes run along its unit stride).
-    let second = match b_array {
-        Some(_) => kernels::Second::Array,
-        None => kernels::Second::Value,
-    };
-    // a, b, out; or a, out where b is a value.
-    let all = [a, b_array.unwrap_or(&out), &out].map(Operand::of);
-    let walked = &all[..2 + b_array.is_some() as usize];
-    let width = kernels::vector_width(dtypes[0], dtypes[1], dtypes[2]);
-    let plan = Plan::new(out.shape(), n, walked, Some(walked.len() - 1), width, true);
-    let family = AddKernels {
-        ordinal,
-        dtypes,
-        second,
-    };
-    let tiles = (a, b_array, b_dtype, &out);
-    let kernel = params::choose(&family, &plan, ordinal, width, Some(tiles))?;
-    // SAFETY: add's kernels take the parameters of their variant as kernels/abi.cuh lays them
-    // out for a, b (a pointer or CbStrided, or for a value the element's bytes, which is
-    // the kernel's `Splat` parameter), out (kernels::add_program writes them so), and the
-    // chosen one is the plan's variant and index width (Plan::new: the vector kernel only for
-    // aligned pointers, the 32-bit kernels only where every index and offset fits, the tiled
-    // kernel only where out has unit stride along cols and the tiled inputs along rows, which
-    // it assumes, with the shared memory its tiles need). Every pointer addresses its
-    // operand's validated layout on this device, `out` is writable and overlaps an input only
-    // exactly (checked); the arrays' buffers are kept valid until the kernel has run
-    // (Launch::finish below), or, for a kernel captured into a graph, by the caller while it
-    // replays the graph (see `Launch`). `order` made the device's context current.
-    unsafe {
-        params::launch(
-            &launch,
-            &plan,
-            &[Param::Element(a), b, Param::Element(&out)],
-            &kernel,
-        )?
-    };
-    launch.finish(&inputs, &[&out])?;
-    Ok(out)
-}
-
-/// add's kernels for one dtype triple and second input on one device.
-struct AddKernels {
-    ordinal: u32,
-    dtypes: [DType; 3],
-    second: kernels::Second,
-}
-
-impl params::Family for AddKernels {
-    fn flat(&self, variant: Variant, index: kernels::Index) -> Result<sys::CUfunction> {
-        let part = match variant {
-            Variant::Vector => AddPart::Vector,
-            Variant::Contiguous => AddPart::Contiguous,
-            _ => AddPart::Strided,
-        };
-        kernels::add(self.ordinal, self.dtypes, self.second, index, part)
-    }
-
-    fn tiled(&self, index: kernels::Index) -> Result<sys::CUfunction> {
-        Ok(kernels::add_tiled(self.ordinal, self.dtypes, self.second, index)?.function)
-    }
-}
-
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the
 /// CPU; CUDA device memory must all be on one device.
-fn common_device(inputs: &[&Array], out: Option<&Array>) -> Result<Device> {
-    let devices = inputs
-        .iter()
-        .map(|x| x.device())
-        .chain(out.map(|o| o.device()));
-    let first = inputs[0].device();
-    if devices.clone().all(|d| d.is_host_accessible()) {
+fn common_device(arrays: &[&Array]) -> Result<Device> {
+    let first = arrays[0].device();
+    if arrays.iter().all(|x| x.device().is_host_accessible()) {
         return Ok(Device::Cpu);
     }
-    for d in devices {
-        if d != first {
-            return Err(Error::DeviceMismatch {
-                left: first.to_string(),
-                right: d.to_string(),
-            });
-        }
+    match arrays.iter().find(|x| x.device() != first) {
+        Some(x) => Err(Error::DeviceMismatch {
+            left: first.to_string(),
+            right: x.device().to_string(),
+        }),
+        None => Ok(first),
     }
-    Ok(first)
 }
 
-/// Whether no element of `a` shares a byte with an element of `b`, decided on the lattice of
-/// addresses their strides reach: every element of `a` starts at its first element's address
-/// plus a multiple of `g`, the gcd of both arrays' byte strides, and so does every element of
-/// `b` from its own; when the two starts differ (modulo `g`) by at least an element of each,
-/// no two elements can meet (`x[::2]` and `x[1::2]`). `false` means they may share memory.
-fn elements_disjoint(a: &Array, b: &Array) -> bool {
-    fn gcd(x: usize, y: usize) -> usize {
-        if y == 0 {
-            x
-        } else {
-            gcd(y, x % y)
-        }
-    }
-    let mut g = 0usize;
-    for x in [a, b] {
-        let item = x.dtype().itemsize();
-        for (&d, &s) in x.shape().iter().zip(x.strides()) {
-            if d > 1 {
-                g = gcd(g, s.unsigned_abs().saturating_mul(item));
-            }
-        }
-    }
-    if g == 0 {
-        return false; // single elements: the range test already said they meet
-    }
-    let g = g as i128;
-    let d = (b.data_ptr() as usize as i128 - a.data_ptr() as usize as i128).rem_euclid(g);
-    d >= a.dtype().itemsize() as i128 && g - d >= b.dtype().itemsize() as i128
-}
+/// The mixed-dtype adds that ship: float16 and bfloat16 with float32 and with float64, either
+/// way round (the promotions that need the half-precision headers, whose compile takes
+/// longest).
+const SHIPPED_PAIRS: [(DType, DType); 8] = [
+    (DType::Float16, DType::Float32),
+    (DType::Float32, DType::Float16),
+    (DType::BFloat16, DType::Float32),
+    (DType::Float32, DType::BFloat16),
+    (DType::Float16, DType::Float64),
+    (DType::Float64, DType::Float16),
+    (DType::BFloat16, DType::Float64),
+    (DType::Float64, DType::BFloat16),
+];
 
-pub(crate) fn check_out(
-    out: &Array,
-    shape: &[usize],
-    dtype: DType,
-    inputs: &[&Array],
-) -> Result<()> {
-    if out.shape() != shape {
-        return Err(Error::invalid(format!(
-            "out has shape {} but the result has shape {}",
-            shape_str(out.shape()),
-            shape_str(shape)
-        )));
-    }
-    if out.dtype() != dtype {
-        return Err(Error::invalid(format!(
-            "out has dtype {} but the result has dtype {dtype}",
-            out.dtype()
-        )));
-    }
-    if out.readonly() {
-        return Err(Error::ReadOnly(
-            "out is read-only: its producer does not allow writes".into(),
-        ));
-    }
-    if out.layout().may_overlap_itself() {
-        return Err(Error::invalid(
-            "out overlaps itself: several results would land on one element (a zero stride, or \
-             strides that do not step past each other)",
-        ));
-    }
-    let Some((o_start, o_end)) = out.address_range() else {
-        return Ok(());
+/// add's programs for inputs `a` and `b` (an array, or a value: `second`) in each of `variants`
+/// in the `index` width.
+fn programs(
+    a: DType,
+    b: DType,
+    second: Role,
+    variants: &[Variant],
+    index: Index,
+) -> Result<Vec<Program>> {
+    let kernel = kernel();
+    let r = DType::promote(a, b, "add")?;
+    let sig = Signature {
+        dtypes: vec![a, b, r],
+        roles: vec![Role::Element, second, Role::Element],
     };
-    for input in inputs {
-        let Some((i_start, i_end)) = input.address_range() else {
-            continue;
-        };
-        let overlaps = i_start < o_end && o_start < i_end;
-        // Host memory is one address space whether it is labelled cpu, pinned or managed (an
-        // np.asarray of a pinned array is the same memory as the array).
-        let same_space = input.device() == out.device()
-            || (input.device().is_host_accessible() && out.device().is_host_accessible());
-        if !overlaps || !same_space || elements_disjoint(input, out) {
-            continue;
-        }
-        let exact = input.dtype() == out.dtype()
-            && input.data_ptr() == out.data_ptr()
-            && input
-                .broadcast_to(shape)
-                .is_ok_and(|b| b.strides() == out.strides());
-        if !exact {
-            return Err(Error::invalid(
-                "out partially overlaps an input; only out identical to an input is allowed",
-            ));
+    let spec = kernel.spec();
+    let program = |&v: &Variant| source::program(spec, &sig, &[false], v, index);
+    Ok(variants.iter().filter_map(program).collect())
+}
+
+/// The variants of add's kernels that ship: all four for two arrays, the flat ones for a value
+/// (a transposed input beside a scalar is rare).
+const ALL: [Variant; 4] = [
+    Variant::Contiguous,
+    Variant::Vector,
+    Variant::Strided,
+    Variant::Tiled { mask: 0 },
+];
+
+/// The programs compiled ahead of time and shipped in the build (see
+/// [`crate::cuda::shipped`]): for every dtype with itself (so that no same-dtype first call
+/// compiles) and the promotions of [`SHIPPED_PAIRS`], add's kernels of every
+/// variant with 32-bit indices (64-bit ones serve only arrays past 2^31 elements), with a
+/// scalar second input, and the gather of device-side copies.
+pub fn shipped_programs() -> Result<Vec<Program>> {
+    let mut all = Vec::new();
+    let pairs = DType::ALL.iter().map(|&d| (d, d)).chain(SHIPPED_PAIRS);
+    for (a, b) in pairs {
+        all.extend(programs(a, b, Role::Element, &ALL, Index::I32)?);
+        if a == b {
+            all.extend(programs(a, a, Role::Value, &ALL[..3], Index::I32)?);
         }
     }
-    Ok(())
+    all.extend(DType::ALL.iter().map(|&d| kernels::gather_program(d)));
+    Ok(all)
 }
 
 #[cfg(test)]
@@ -345,12 +259,6 @@ mod tests {
         let x = range(8, DType::Float32);
         let even = x.as_strided(&[4], &[2], 0).unwrap();
         let odd = x.as_strided(&[4], &[2], 1).unwrap();
-        assert!(elements_disjoint(&even, &odd) && elements_disjoint(&odd, &even));
-        let shifted = x.as_strided(&[3], &[2], 2).unwrap();
-        assert!(!elements_disjoint(&even, &shifted));
-        // Contiguous elements meet the odd ones.
-        let all = x.as_strided(&[4], &[1], 0).unwrap();
-        assert!(!elements_disjoint(&all, &odd));
         // out = odd elements, inputs = even ones: runs as numpy does.
         add(&even, &even, Some(&odd), None).unwrap();
         let want: Vec<Scalar> = [0, 0, 2, 4, 4, 8, 6, 12]
@@ -423,5 +331,67 @@ mod tests {
         assert_eq!(l.numel(), a.numel());
         // SAFETY: same element count over a contiguous buffer.
         unsafe { Array::from_parts(a.buffer().clone(), l, a.dtype(), a.device(), false) }
+    }
+}
+
+/// Compiles add's programs and the gather with NVRTC when `CUBRIDGE_TEST_NVRTC_DIR` names a
+/// folder holding libnvrtc (no GPU needed): every variant for every dtype with itself and some
+/// promotions, in both index widths and with a scalar second input. Skipped (with a note)
+/// otherwise.
+#[cfg(test)]
+mod compile_tests {
+    use super::*;
+
+    #[test]
+    fn shipped_programs_have_distinct_names_and_keys() {
+        let programs = shipped_programs().unwrap();
+        // Every same-dtype add in four variants and with a value in three, eight promotions in
+        // four, and the gather of every dtype.
+        assert_eq!(programs.len(), 15 * 7 + 8 * 4 + 15);
+        let mut names: Vec<&str> = programs.iter().map(|p| p.name.as_str()).collect();
+        let mut keys: Vec<String> = programs
+            .iter()
+            .map(|p| nvrtc::key(&p.source, &p.options))
+            .collect();
+        names.sort();
+        names.dedup();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(names.len(), programs.len());
+        assert_eq!(keys.len(), programs.len());
+        // Build files are named NAME-KEY.smARCH.cubin: a name must not hide the separators.
+        assert!(names.iter().all(|n| !n.contains('-') && !n.contains(".sm")));
+    }
+
+    #[test]
+    fn own_programs_compile() {
+        if !nvrtc::test_dir("cubridge's kernels") {
+            return;
+        }
+        let mut pairs: Vec<(DType, DType)> = DType::ALL.iter().map(|&d| (d, d)).collect();
+        pairs.extend([
+            (DType::Float16, DType::Float32),
+            (DType::BFloat16, DType::Float32),
+            (DType::Float16, DType::BFloat16),
+            (DType::Int8, DType::Int64),
+            (DType::Complex64, DType::Float64),
+            (DType::Float16, DType::Complex64),
+        ]);
+        let mut all = Vec::new();
+        for (a, b) in pairs {
+            for index in [Index::I32, Index::I64] {
+                all.extend(programs(a, b, Role::Element, &ALL, index).unwrap());
+                if a == b {
+                    all.extend(programs(a, a, Role::Value, &ALL, index).unwrap());
+                }
+            }
+        }
+        all.extend(DType::ALL.iter().map(|&d| kernels::gather_program(d)));
+        for p in all {
+            let name = format!("test_{}_{}", p.name, std::process::id());
+            if let Err(e) = nvrtc::compile(&p.source, &name, 80, &p.options) {
+                panic!("{}: {e}", p.name);
+            }
+        }
     }
 }

@@ -1,21 +1,25 @@
-//! Users' elementwise kernels: an operation written in CUDA C++ once (CuPy's `ElementwiseKernel`
-//! syntax, see [`spec`]), compiled per call signature with NVRTC, and run on arrays from any
-//! producer with numpy broadcasting, any strides, outputs written in place or allocated, on a
-//! given stream. The loop is planned as `add`'s ([`crate::ops::plan`]): dimensions merged where
-//! contiguous, a vectorized path when every operand is contiguous and aligned, 32-bit indexing
-//! where it fits; an operation that reads its index `i` walks the C order of the loop's shape.
+//! The elementwise engine: an operation written in CUDA C++ once (CuPy's `ElementwiseKernel`
+//! syntax, see [`spec`]), compiled per call signature and loop variant with NVRTC, and run on
+//! arrays from any producer with numpy broadcasting, any strides, outputs written in place or
+//! allocated, on a given stream. Users' kernels are its instances, and so is `add`
+//! ([`crate::ops::add`]: its operation, its promotion rule and its scalar rule). A call is a
+//! chain of steps: bind the arguments ([`ElementwiseKernel::bind`]), broadcast, check, plan
+//! ([`crate::ops::plan`]), load the variant's kernel, lay out its parameters and launch
+//! ([`params`]).
 
+mod check;
 pub mod params;
 pub mod source;
 pub mod spec;
 
 use crate::array::Array;
+use crate::cuda::kernels::{self, Index};
 use crate::cuda::stream::Stream;
-use crate::cuda::{kernels, sys};
+use crate::cuda::sys;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout::broadcast_shapes;
+use crate::layout::{broadcast_shapes, Layout};
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
 pub use crate::ops::Arg;
@@ -26,14 +30,21 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// The loaded kernels of one signature on one device, and the vector kernel's width.
-#[derive(Clone, Copy)]
-struct Compiled {
-    functions: [usize; 5],
-    width: usize,
+/// The loaded kernels of one signature on one device, by [`slot`] (0 where not loaded yet).
+type Slots = [usize; 8];
+
+/// Where the kernel of a variant in an index width sits among a signature's [`Slots`].
+fn slot(variant: Variant, index: Index) -> usize {
+    let part = match variant {
+        Variant::Contiguous => 0,
+        Variant::Vector => 1,
+        Variant::Strided => 2,
+        Variant::Tiled { .. } => 3,
+    };
+    2 * part + usize::from(index == Index::I64)
 }
 
-/// A user's elementwise kernel; see the module documentation.
+/// An elementwise kernel; see the module documentation.
 pub struct ElementwiseKernel {
     spec: Spec,
     /// Per parameter (inputs, then outputs): whether it is `raw`.
@@ -42,13 +53,11 @@ pub struct ElementwiseKernel {
     reads: Vec<bool>,
     /// Whether the operation reads its index `i` (the loop then keeps C order).
     indexed: bool,
-    compiled: Mutex<HashMap<(u32, Signature), Compiled>>,
-    /// The tiled kernels of a signature on a device (32- and 64-bit), compiled when a
-    /// transposed layout first needs them.
-    tiled: Mutex<HashMap<(u32, Signature), [usize; 2]>>,
+    /// The kernels loaded per device and signature, each compiled when a call first needs it.
+    loaded: Mutex<HashMap<(u32, Signature), Slots>>,
     /// The signature of the last call and its kernels: a repeated call finds them without
     /// building a key.
-    last: Mutex<Option<(u32, Signature, Compiled)>>,
+    last: Mutex<Option<(u32, Signature, Slots)>>,
 }
 
 impl ElementwiseKernel {
@@ -64,8 +73,7 @@ impl ElementwiseKernel {
             raw: spec.params().map(|p| p.raw).collect(),
             spec,
             reads,
-            compiled: Mutex::new(HashMap::new()),
-            tiled: Mutex::new(HashMap::new()),
+            loaded: Mutex::new(HashMap::new()),
             last: Mutex::new(None),
         }
     }
@@ -98,20 +106,58 @@ impl ElementwiseKernel {
         let call = self.bind(inputs, outputs)?;
         let device = call.device()?;
         let shape = call.loop_shape(size)?;
-        call.check_outputs(&shape)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.launch(&call, device, &shape, stream) }
+    }
+
+    /// Runs a bound call on CUDA `device` over the loop's `shape` on `stream`: checks the
+    /// outputs, plans the loop, loads the kernel the plan needs (before anything is allocated:
+    /// a compile error leaves nothing behind), allocates the outputs not passed, orders the
+    /// work after every operand's writes, launches, and records the outputs' write.
+    ///
+    /// # Safety
+    /// As [`ElementwiseKernel::call`]; every array of `call` is on `device`.
+    pub(crate) unsafe fn launch(
+        &self,
+        call: &Call<'_>,
+        device: Device,
+        shape: &[usize],
+        stream: Stream,
+    ) -> Result<Vec<Array>> {
+        call.check_outputs(shape)?;
         let launch = Launch::begin(device, stream)?;
-        let ordinal = launch.ordinal();
-        // Compiled before anything is allocated: a compile error leaves nothing behind.
-        let compiled = self.functions(ordinal, &call.dtypes, &call.roles)?;
-        let outs = call.allocate_outputs(&launch, &shape)?;
         if shape.iter().product::<usize>() == 0 {
-            return Ok(outs);
+            return call.allocate_outputs(&launch, shape);
         }
-        let operands = call.operands(&outs, &shape)?;
+        let inputs = call.inputs_over(shape)?;
+        // Outputs to allocate are planned as they will be: contiguous, aligned to any pack.
+        let contiguous = Layout::contiguous(shape)?;
+        let new = |k: usize| Operand {
+            strides: contiguous.strides(),
+            contiguous: true,
+            address: 0,
+            itemsize: call.dtypes[k].itemsize(),
+        };
+        let before = |k: usize| match (inputs.get(k), call.array(k)) {
+            (Some(x), _) => Operand::of(x.as_deref().expect("an element input has an array")),
+            (None, Some(out)) => Operand::of(out),
+            (None, None) => new(k),
+        };
+        let mut plan = self.plan(call, before, shape);
+        let mut function = self.function(launch.ordinal(), call, &plan)?;
+        let outs = call.allocate_outputs(&launch, shape)?;
+        let mut operands = inputs;
+        operands.extend(outs.iter().map(|o| Some(Cow::Borrowed(o))));
+        let operand = |k: usize| -> &Array { operands[k].as_deref().expect("an array operand") };
+        if plan.variant == Variant::Vector && outs.iter().any(|o| o.data_ptr() as usize % 16 != 0) {
+            plan = self.plan(call, |k| Operand::of(operand(k)), shape);
+            function = self.function(launch.ordinal(), call, &plan)?;
+        }
         let all: Vec<&Array> = operands.iter().flatten().map(|a| &**a).collect();
         launch.order(&all)?;
-        // SAFETY: the caller's contract (the operation); `launch` ordered every operand.
-        unsafe { self.run(&call, &launch, compiled, &operands, &shape)? };
+        // SAFETY: the caller's contract (the operation); `launch` ordered every operand, and
+        // `function` is the plan's kernel for the call's signature on its device.
+        unsafe { self.run(call, &launch, &plan, function, &operand)? };
         // `all` is the input arrays, then the outputs.
         let (input_arrays, output_arrays) = all.split_at(all.len() - outs.len());
         launch.finish(input_arrays, output_arrays)?;
@@ -120,7 +166,11 @@ impl ElementwiseKernel {
     }
 
     /// Binds a call's arguments to the parameters: each one's role and dtype.
-    fn bind<'a>(&'a self, inputs: &'a [Arg], outputs: &'a [Option<Array>]) -> Result<Call<'a>> {
+    pub(crate) fn bind<'a>(
+        &'a self,
+        inputs: &'a [Arg],
+        outputs: &'a [Option<Array>],
+    ) -> Result<Call<'a>> {
         let spec = &self.spec;
         let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
         if inputs.len() != nin || outputs.len() != nout {
@@ -156,202 +206,124 @@ impl ElementwiseKernel {
         call.dtypes = spec.bind(&given, &scalars)?;
         for (k, arg) in inputs.iter().enumerate() {
             if let Arg::Value(v, _) = arg {
-                crate::ops::create::check_value_kind(*v, call.dtypes[k], "an elementwise kernel")?;
+                crate::ops::create::check_value_kind(*v, call.dtypes[k], spec.op())?;
             }
         }
         Ok(call)
     }
 
-    /// Launches the chosen variant of the kernel on the call's operands.
+    /// The plan of a call over the loop's `shape`, with each element parameter `k` as
+    /// `operand(k)` sees it.
+    fn plan<'o>(
+        &self,
+        call: &Call<'_>,
+        operand: impl Fn(usize) -> Operand<'o>,
+        shape: &[usize],
+    ) -> Plan {
+        let nin = call.inputs.len();
+        let walked: Vec<Operand<'o>> = call.elements().map(operand).collect();
+        // The first element output leads (its writes run along its unit stride), unless the
+        // operation reads its index (C order).
+        let lead = (!self.indexed).then(|| call.elements().position(|k| k >= nin).unwrap_or(0));
+        let tiled = lead.is_some() && self.tile_operands(call).is_some();
+        let width = source::vector_width(&call.dtypes, &call.roles);
+        Plan::new(shape, shape.iter().product(), &walked, lead, width, tiled)
+    }
+
+    /// The operands of the tiled kernel where a call's signature has one: the first input, the
+    /// second (none for a value), the output (see [`source::tile_operands`]).
+    fn tile_operands(&self, call: &Call<'_>) -> Option<(usize, Option<usize>, usize)> {
+        source::tile_operands(&call.roles, call.inputs.len(), &self.reads)
+    }
+
+    /// Launches `function`, the kernel of `plan` for the call's signature.
     ///
     /// # Safety
-    /// As [`ElementwiseKernel::call`]; `operands` are the call's operands on `launch`'s device,
-    /// ordered before it, with the loop's `shape` (element operands broadcast to it), and
-    /// `compiled` is the call's signature's kernels there.
-    unsafe fn run(
+    /// As [`ElementwiseKernel::call`]; `operand(k)` is the call's array for parameter `k` on
+    /// `launch`'s device, ordered before it, with the loop's shape (element inputs broadcast to
+    /// it), and `function` is the plan's variant and index width there.
+    unsafe fn run<'o>(
         &self,
         call: &Call<'_>,
         launch: &Launch,
-        compiled: Compiled,
-        operands: &[Option<Cow<'_, Array>>],
-        shape: &[usize],
+        plan: &Plan,
+        function: sys::CUfunction,
+        operand: &impl Fn(usize) -> &'o Array,
     ) -> Result<()> {
-        let operand = |k: usize| -> &Array { operands[k].as_deref().expect("an array operand") };
-        let planned: Vec<Operand<'_>> = call.elements().map(|k| Operand::of(operand(k))).collect();
-        let (lead, tile_operands) = self.lead_and_tiles(call);
-        let n = shape.iter().product();
-        let plan = Plan::new(
-            shape,
-            n,
-            &planned,
-            lead,
-            compiled.width,
-            tile_operands.is_some(),
-        );
-        let family = Signed {
-            kernel: self,
-            call,
-            ordinal: launch.ordinal(),
-            compiled,
-        };
-        let dtypes = &call.dtypes;
-        let tiles = tile_operands.map(|(a, b, out)| {
-            (
-                operand(a),
-                b.map(operand),
-                dtypes[b.unwrap_or(a)],
-                operand(out),
-            )
+        let ordinal = launch.ordinal();
+        let width = source::vector_width(&call.dtypes, &call.roles);
+        let tiles = self.tile_operands(call).map(|(a, b, out)| {
+            let b_dtype = call.dtypes[b.unwrap_or(a)];
+            (operand(a), b.map(operand), b_dtype, operand(out))
         });
-        let kernel = params::choose(&family, &plan, launch.ordinal(), compiled.width, tiles)?;
-        let list = call.params(&operand);
+        let kernel = params::kernel(function, plan, ordinal, width, tiles)?;
+        let list = call.params(operand);
         // SAFETY: source::program writes this signature's kernels with the parameters of their
         // variant as kernels/abi.cuh lays them out (values of the parameter's dtype, CbRaw per
-        // raw array), and the function is the plan's variant and index width. Every element
-        // operand spans the loop's shape within its validated layout (broadcast views read,
-        // never written: outputs were checked to have the loop's shape and not to overlap
-        // themselves or partially overlap an input); the vector kernel is chosen only when every
-        // element pointer is aligned to its pack, and the 32-bit kernels only when every index
-        // and offset fits (Plan::new); the tiled kernel (source::tiled_program) only where out
+        // raw array). Every element operand spans the loop's shape within its validated layout
+        // (broadcast views read, never written: outputs were checked to have the loop's shape
+        // and not to overlap themselves or partially overlap an input); the vector kernel is
+        // chosen only when every element pointer is aligned to its pack, and the 32-bit kernels
+        // only when every index and offset fits (Plan::new); the tiled kernel only where out
         // has unit stride along cols and the tiled inputs along rows, with the shared memory of
-        // its tiles (params::tiled_kernel). Raw arrays are indexed by the user's operation,
-        // within their sizes (this function's contract). The arrays are kept valid until the
-        // kernel has run (the caller's Launch::finish). Launch::order made the device's context
-        // current, and the module was loaded there.
-        unsafe { params::launch(launch, &plan, &list, &kernel) }
+        // its tiles (params::kernel). Raw arrays are indexed by the operation, within their
+        // sizes (this function's contract). The arrays are kept valid until the kernel has run
+        // (the caller's Launch::finish). Launch::order made the device's context current, and
+        // the module was loaded there.
+        unsafe { params::launch(launch, plan, &list, &kernel) }
     }
 
-    /// The operand that leads the loop (the first element output: its writes run along its unit
-    /// stride), none when the operation reads its index (C order), and the operands of the tiled
-    /// kernel where the signature has one (one or two element inputs and one output).
-    fn lead_and_tiles(&self, call: &Call<'_>) -> (Option<usize>, TileOperands) {
-        let nin = call.inputs.len();
-        let lead = (!self.indexed).then(|| call.elements().position(|k| k >= nin).unwrap_or(0));
-        let tiles = lead
-            .is_some()
-            .then(|| source::tile_operands(&call.roles, nin, &self.reads))
-            .flatten();
-        (lead, tiles)
-    }
-
-    /// The tiled kernels (32- and 64-bit) of a signature on `ordinal`, compiled on first use.
-    fn tiled_functions(
-        &self,
-        ordinal: u32,
-        dtypes: &[DType],
-        roles: &[Role],
-    ) -> Result<[usize; 2]> {
-        let key = (
-            ordinal,
-            Signature {
-                dtypes: dtypes.to_vec(),
-                roles: roles.to_vec(),
-            },
-        );
-        if let Some(f) = self
-            .tiled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
-            return Ok(*f);
-        }
-        let program = source::tiled_program(&self.spec, &key.1, &self.reads).ok_or_else(|| {
-            Error::invalid("internal: a tiled plan for a signature without a tiled kernel")
-        })?;
-        let f = kernels::program(ordinal, &program)?;
-        let found = [f[0], f[1]];
-        self.tiled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, found);
-        Ok(found)
-    }
-
-    /// The kernels of a signature on `ordinal`, compiled on first use.
-    fn functions(&self, ordinal: u32, dtypes: &[DType], roles: &[Role]) -> Result<Compiled> {
-        {
-            let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((o, sig, c)) = last.as_ref() {
-                if *o == ordinal && sig.dtypes == dtypes && sig.roles == roles {
-                    return Ok(*c);
-                }
+    /// The kernel of `plan` for a call's signature on `ordinal`, compiled and loaded the first
+    /// time a call needs it.
+    fn function(&self, ordinal: u32, call: &Call<'_>, plan: &Plan) -> Result<sys::CUfunction> {
+        let k = slot(plan.variant, plan.index);
+        let same = |o: &u32, sig: &Signature| {
+            *o == ordinal && sig.dtypes == call.dtypes && sig.roles == call.roles
+        };
+        if let Some((o, sig, slots)) = &*self.last.lock().unwrap_or_else(|p| p.into_inner()) {
+            if same(o, sig) && slots[k] != 0 {
+                return Ok(slots[k] as sys::CUfunction);
             }
         }
-        let key = (
-            ordinal,
-            Signature {
-                dtypes: dtypes.to_vec(),
-                roles: roles.to_vec(),
-            },
-        );
-        let found = self
-            .compiled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .copied();
-        let compiled = match found {
-            Some(c) => c,
-            None => {
-                let program = source::program(&self.spec, &key.1, &self.reads);
-                let f = kernels::program(ordinal, &program)?;
-                let compiled = Compiled {
-                    functions: [f[0], f[1], f[2], f[3], f[4]],
-                    width: source::vector_width(&key.1),
-                };
-                self.compiled
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key.clone(), compiled);
-                compiled
-            }
+        let sig = Signature {
+            dtypes: call.dtypes.clone(),
+            roles: call.roles.clone(),
         };
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((key.0, key.1, compiled));
-        Ok(compiled)
-    }
-}
-
-/// A user's kernel's kernels for one call's signature on one device.
-struct Signed<'a> {
-    kernel: &'a ElementwiseKernel,
-    call: &'a Call<'a>,
-    ordinal: u32,
-    compiled: Compiled,
-}
-
-impl params::Family for Signed<'_> {
-    fn flat(&self, variant: Variant, index: kernels::Index) -> Result<sys::CUfunction> {
-        let wide = usize::from(index == kernels::Index::I64);
-        // source::FUNCTIONS: contiguous, vector32, vector64, strided32, strided64.
-        let k = match variant {
-            Variant::Contiguous => 0,
-            Variant::Vector => 1 + wide,
-            _ => 3 + wide,
+        let key = (ordinal, sig);
+        let loaded = |key| {
+            self.loaded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(key)
+                .copied()
         };
-        Ok(self.compiled.functions[k] as sys::CUfunction)
-    }
-
-    fn tiled(&self, index: kernels::Index) -> Result<sys::CUfunction> {
-        let (dtypes, roles) = (&self.call.dtypes, &self.call.roles);
-        let f = self.kernel.tiled_functions(self.ordinal, dtypes, roles)?;
-        Ok(f[usize::from(index == kernels::Index::I64)] as sys::CUfunction)
+        let mut slots = loaded(&key).unwrap_or_default();
+        if slots[k] == 0 {
+            let program =
+                source::program(&self.spec, &key.1, &self.reads, plan.variant, plan.index)
+                    .ok_or_else(|| {
+                        Error::invalid("internal: a tiled plan without a tiled kernel")
+                    })?;
+            let f = kernels::program(ordinal, &program)?[0];
+            let mut map = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = map.entry(key.clone()).or_default();
+            entry[k] = f;
+            slots = *entry;
+        }
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((key.0, key.1, slots));
+        Ok(slots[k] as sys::CUfunction)
     }
 }
-
-/// The operands of the tiled kernel, where a signature has one: the first input, the second
-/// (none for a value), the output (see [`source::tile_operands`]).
-type TileOperands = Option<(usize, Option<usize>, usize)>;
 
 /// A call's arguments bound to the kernel's parameters (inputs, then outputs).
-struct Call<'a> {
+pub(crate) struct Call<'a> {
     kernel: &'a ElementwiseKernel,
     inputs: &'a [Arg],
     outputs: &'a [Option<Array>],
     /// Per parameter: element, value or raw.
     roles: Vec<Role>,
     /// Per parameter: its dtype.
-    dtypes: Vec<DType>,
+    pub(crate) dtypes: Vec<DType>,
 }
 
 impl<'a> Call<'a> {
@@ -366,11 +338,19 @@ impl<'a> Call<'a> {
     }
 
     /// The array passed for parameter `k`, if any.
-    fn array(&self, k: usize) -> Option<&'a Array> {
+    pub(crate) fn array(&self, k: usize) -> Option<&'a Array> {
         match self.inputs.get(k) {
             Some(Arg::Array(a)) => Some(a),
             Some(Arg::Value(..)) => None,
             None => self.outputs[k - self.inputs.len()].as_ref(),
+        }
+    }
+
+    /// The value passed for input `k`, if it is one.
+    pub(crate) fn value(&self, k: usize) -> Option<crate::cpu::element::Scalar> {
+        match self.inputs.get(k) {
+            Some(&Arg::Value(v, _)) => Some(v),
+            _ => None,
         }
     }
 
@@ -415,7 +395,7 @@ impl<'a> Call<'a> {
     }
 
     /// The loop's shape: the broadcast of every element operand, or `size` indices.
-    fn loop_shape(&self, size: Option<usize>) -> Result<Vec<usize>> {
+    pub(crate) fn loop_shape(&self, size: Option<usize>) -> Result<Vec<usize>> {
         let mut shape: Option<Vec<usize>> = None;
         for a in self.elements().filter_map(|k| self.array(k)) {
             shape = Some(match shape {
@@ -440,7 +420,7 @@ impl<'a> Call<'a> {
     }
 
     /// Checks the outputs passed: element outputs as `add` checks `out`, raw ones writable.
-    fn check_outputs(&self, shape: &[usize]) -> Result<()> {
+    pub(crate) fn check_outputs(&self, shape: &[usize]) -> Result<()> {
         let nin = self.inputs.len();
         let element_inputs: Vec<&Array> = self
             .elements()
@@ -453,8 +433,12 @@ impl<'a> Call<'a> {
             };
             let name = &self.param(k).name;
             if self.roles[k] == Role::Element {
-                crate::ops::add::check_out(out, shape, self.dtypes[k], &element_inputs)
-                    .map_err(|e| name_error(e, name))?;
+                check::check_out(out, shape, self.dtypes[k], &element_inputs).map_err(|e| {
+                    match self.kernel.spec.rule {
+                        spec::Rule::Exact => name_error(e, name),
+                        spec::Rule::Promote(_) => e,
+                    }
+                })?;
             } else if out.readonly() {
                 return Err(Error::ReadOnly(format!(
                     "{name} is read-only: its producer does not allow writes"
@@ -473,19 +457,12 @@ impl<'a> Call<'a> {
             .collect()
     }
 
-    /// Every operand as the kernel sees it, inputs then `outs`: element inputs broadcast to the
-    /// loop's shape (borrowed where they have it already), none for a value.
-    fn operands<'o>(
-        &self,
-        outs: &'o [Array],
-        shape: &[usize],
-    ) -> Result<Vec<Option<Cow<'o, Array>>>>
-    where
-        'a: 'o,
-    {
-        let mut operands = Vec::with_capacity(self.roles.len());
+    /// The inputs as the kernel sees them: element inputs broadcast to the loop's shape
+    /// (borrowed where they have it already), raw arrays whole, none for a value.
+    fn inputs_over(&self, shape: &[usize]) -> Result<Vec<Option<Cow<'a, Array>>>> {
+        let mut inputs = Vec::with_capacity(self.roles.len());
         for k in 0..self.inputs.len() {
-            operands.push(match (self.array(k), self.roles[k]) {
+            inputs.push(match (self.array(k), self.roles[k]) {
                 (Some(a), Role::Element) if a.shape() != shape => {
                     Some(Cow::Owned(a.broadcast_to(shape)?))
                 }
@@ -493,8 +470,7 @@ impl<'a> Call<'a> {
                 (None, _) => None,
             });
         }
-        operands.extend(outs.iter().map(|o| Some(Cow::Borrowed(o))));
-        Ok(operands)
+        Ok(inputs)
     }
 
     /// The kernel's parameters in order: each operand as its role passes it.

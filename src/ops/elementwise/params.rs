@@ -134,7 +134,7 @@ pub enum Param<'a> {
     Raw(&'a Array),
 }
 
-/// The kernel a family chose for a plan, and how it is launched.
+/// The kernel of a plan, and how it is launched.
 #[derive(Clone, Copy)]
 pub struct Kernel {
     /// The function of the plan's variant and index width.
@@ -149,63 +149,37 @@ pub struct Kernel {
     pub tile: Option<i32>,
 }
 
-impl Kernel {
-    /// `function`, the plan's flat or strided variant with a vector pack of `width`, launched as
-    /// those variants are on device `ordinal`: [`Plan::blocks`] blocks of [`BLOCK`] threads.
-    pub fn flat(
-        function: sys::CUfunction,
-        plan: &Plan,
-        ordinal: u32,
-        width: usize,
-    ) -> Result<Kernel> {
-        Ok(Kernel {
-            function,
-            grid: plan.blocks(ordinal, width, BLOCK)?,
-            block: (BLOCK, 1),
-            shared: 0,
-            tile: None,
-        })
-    }
-}
-
-/// The kernels of one elementwise signature on one device, as its family makes them (add's,
-/// or a user's kernel's): what [`choose`] picks from.
-pub trait Family {
-    /// The flat kernel of `variant` (contiguous, vector or strided) in the `index` width.
-    fn flat(&self, variant: Variant, index: kernels::Index) -> Result<sys::CUfunction>;
-    /// The tiled kernel in the `index` width.
-    fn tiled(&self, index: kernels::Index) -> Result<sys::CUfunction>;
-}
-
 /// The tiled kernel's operands: a, b (none for a value, given with its dtype), out.
 pub type Tiles<'a> = (&'a Array, Option<&'a Array>, crate::DType, &'a Array);
 
-/// The kernel of `plan`'s variant and index width, from `family` on device `ordinal`, whose
-/// vector kernel moves packs of `width`. `tiles` are the tiled kernel's operands where the
-/// signature has one; a tiled plan without them runs the strided kernel.
-pub fn choose(
-    family: &impl Family,
+/// How `function`, the kernel of `plan`'s variant and index width on device `ordinal`, is
+/// launched: the flat and strided variants in [`Plan::blocks`] blocks of [`BLOCK`] threads
+/// (the vector kernel moving packs of `width`), the tiled one as [`tiled_kernel`] says, over
+/// `tiles`, its operands.
+pub fn kernel(
+    function: sys::CUfunction,
     plan: &Plan,
     ordinal: u32,
     width: usize,
     tiles: Option<Tiles<'_>>,
 ) -> Result<Kernel> {
-    let flat = |variant| Kernel::flat(family.flat(variant, plan.index)?, plan, ordinal, width);
-    match (plan.variant, tiles) {
-        (Variant::Tiled { mask }, Some((a, b, b_dtype, out))) => {
-            let pairs = kernels::pairs([a.dtype(), b_dtype, out.dtype()]);
-            let function = family.tiled(plan.index)?;
-            Ok(tiled_kernel(
-                (function, pairs),
-                plan,
-                mask,
-                (a, b, b_dtype),
-                out,
-            ))
-        }
-        (Variant::Tiled { .. }, None) => flat(Variant::Strided),
-        (variant, _) => flat(variant),
+    if let (Variant::Tiled { mask }, Some((a, b, b_dtype, out))) = (plan.variant, tiles) {
+        let pairs = kernels::pairs([a.dtype(), b_dtype, out.dtype()]);
+        return Ok(tiled_kernel(
+            (function, pairs),
+            plan,
+            mask,
+            (a, b, b_dtype),
+            out,
+        ));
     }
+    Ok(Kernel {
+        function,
+        grid: plan.blocks(ordinal, width, BLOCK)?,
+        block: (BLOCK, 1),
+        shared: 0,
+        tile: None,
+    })
 }
 
 /// The parameter list of an elementwise kernel for `plan` over `operands` (in the kernel's

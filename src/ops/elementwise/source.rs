@@ -1,11 +1,13 @@
-//! The CUDA C++ of a user's elementwise kernel for one call signature: the operation as a device
-//! function, called by five kernels (contiguous; vectorized and strided, each in 32- and
-//! 64-bit indexing), which the host chooses between per call. Their parameters are those of
-//! every elementwise kernel (`kernels/abi.cuh`, laid out by [`super::params::list`]).
+//! The CUDA C++ of an elementwise kernel (a user's, or a built-in op such as `add`) for one
+//! call signature: the operation as a device function, and one kernel per variant of the loop
+//! plan and index width, each a program of its own, so that a first call compiles only the
+//! kernel it launches. Their parameters are those of every elementwise kernel
+//! (`kernels/abi.cuh`, laid out by [`super::params::list`]).
 
 use super::spec::Spec;
-use crate::cuda::kernels::{c_type, Program};
+use crate::cuda::kernels::{self, c_type, Index, Program};
 use crate::dtype::DType;
+use crate::ops::plan::Variant;
 use std::fmt::Write;
 
 const HEADER: &str = include_str!("../../../kernels/user.cuh");
@@ -30,30 +32,19 @@ pub struct Signature {
     pub roles: Vec<Role>,
 }
 
-/// The kernels of a program, in [`Program::functions`] order.
-pub const FUNCTIONS: [&str; 5] = [
-    "contiguous",
-    "vector32",
-    "vector64",
-    "strided32",
-    "strided64",
-];
-
 /// Elements per 16-byte access of the widest element operand (1 for 16-byte elements).
-pub fn vector_width(sig: &Signature) -> usize {
-    let widest = sig
-        .dtypes
+pub fn vector_width(dtypes: &[DType], roles: &[Role]) -> usize {
+    let elements = dtypes
         .iter()
-        .zip(&sig.roles)
-        .filter(|(_, &r)| r == Role::Element)
-        .map(|(d, _)| d.itemsize())
-        .max()
-        .unwrap_or(1);
+        .zip(roles)
+        .filter(|(_, &r)| r == Role::Element);
+    let widest = elements.map(|(d, _)| d.itemsize()).max().unwrap_or(1);
     (16 / widest).max(1)
 }
 
-/// What both programs of a signature start with: the headers, the type names, the preamble and
-/// the operation as a device function (`cb_op`).
+/// What every program of a signature starts with: the headers, the type names, the preamble and
+/// the operation as a device function (`cb_op`). `CB_FLOAT16` and `CB_BFLOAT16` say which
+/// half-precision headers are in (built-in ops' headers read them).
 fn prelude(spec: &Spec, sig: &Signature) -> String {
     let nin = spec.inputs.len();
     let params: Vec<_> = spec.params().collect();
@@ -61,13 +52,16 @@ fn prelude(spec: &Spec, sig: &Signature) -> String {
     let mentions = |word: &str| spec.operation.contains(word) || spec.preamble.contains(word);
     let mut src = String::new();
     if sig.dtypes.contains(&DType::Float16) || mentions("half") {
-        src.push_str("#include <cuda_fp16.h>\ntypedef __half float16;\n");
+        src.push_str("#define CB_FLOAT16\n#include <cuda_fp16.h>\ntypedef __half float16;\n");
     }
     if sig.dtypes.contains(&DType::BFloat16) || mentions("bfloat16") || mentions("bf16") {
-        src.push_str("#include <cuda_bf16.h>\ntypedef __nv_bfloat16 bfloat16;\n");
+        src.push_str(
+            "#define CB_BFLOAT16\n#include <cuda_bf16.h>\ntypedef __nv_bfloat16 bfloat16;\n",
+        );
     }
-    src.push_str(crate::cuda::kernels::ABI);
+    src.push_str(kernels::ABI);
     src.push_str(HEADER);
+    src.push_str(spec.header);
     for t in spec.type_names() {
         let k = params
             .iter()
@@ -123,31 +117,24 @@ fn operand_list(sig: &Signature, strided: bool, sep: &str) -> String {
     list.join(sep)
 }
 
-/// The program of `spec` for `sig`: its operands and operation as the `Ops` of the flat loops
-/// (`kernels/loops.cuh`, which add's kernels instantiate too), contiguous (`CbFlat`) and
-/// strided (`CbStridedOps`), and the five kernels over them. `reads[k]` says whether output `k`
-/// is loaded before the operation runs (see [`super::spec::reads_output`]).
-pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
-    let nin = spec.inputs.len();
-    let roles = &sig.roles;
-    let ty = |k: usize| c_type(sig.dtypes[k]);
-    let width = vector_width(sig);
-    let mut src = prelude(spec, sig);
-    src.push_str(crate::cuda::kernels::LOOPS);
-    let args = |element: &dyn Fn(usize) -> String| -> String {
-        let arg = |k: usize| match roles[k] {
-            Role::Element => element(k),
-            _ => format!("p{k}"),
-        };
-        (0..roles.len()).map(arg).collect::<Vec<_>>().join(", ")
+/// Each parameter as the operation gets it: an element operand as `element(k)`, any other as
+/// its kernel parameter.
+fn op_args(roles: &[Role], element: impl Fn(usize) -> String) -> String {
+    let arg = |k: usize| match roles[k] {
+        Role::Element => element(k),
+        _ => format!("p{k}"),
     };
-    let elements: Vec<usize> = (0..roles.len())
-        .filter(|&k| roles[k] == Role::Element)
-        .collect();
-    let [mut packs, mut loads, mut stores, mut offsets, mut steps]: [String; 5] =
-        Default::default();
-    for &k in &elements {
-        let t = ty(k);
+    (0..roles.len()).map(arg).collect::<Vec<_>>().join(", ")
+}
+
+/// The signature's operands and operation as the `Ops` of the contiguous and vector loops of
+/// `kernels/loops.cuh` (`CbFlat`). `reads[k]` says whether output `k` is loaded before the
+/// operation runs (see [`super::spec::reads_output`]).
+fn flat_ops(sig: &Signature, nin: usize, reads: &[bool]) -> String {
+    let width = vector_width(&sig.dtypes, &sig.roles);
+    let [mut packs, mut loads, mut stores] = <[String; 3]>::default();
+    for k in (0..sig.roles.len()).filter(|&k| sig.roles[k] == Role::Element) {
+        let t = c_type(sig.dtypes[k]);
         let _ = write!(packs, "CbPack<{t}, {width}> v{k}; ");
         if k < nin || reads[k - nin] {
             let _ = write!(
@@ -161,71 +148,109 @@ pub fn program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Program {
                 "reinterpret_cast<CbPack<{t}, W>*>(p{k})[k] = p.v{k}; "
             );
         }
+    }
+    format!(
+        "struct CbFlat {{\nstatic constexpr int W = {width};\nCbInd ind;\n{};\n\
+         template <typename I> __device__ __forceinline__ void at(I i) const \
+         {{ cb_op((long long)i, ind, {}); }}\n\
+         struct Packs {{ {packs}}};\n\
+         template <typename I> __device__ __forceinline__ void load(Packs& p, I k) const \
+         {{ (void)p; (void)k; {loads}}}\n\
+         __device__ __forceinline__ void apply(Packs& p, long long first) const {{\n(void)p;\n\
+         #pragma unroll\nfor (int e = 0; e < W; ++e) cb_op(first + e, ind, {});\n}}\n\
+         template <typename I> __device__ __forceinline__ void store(const Packs& p, I k) const \
+         {{ (void)p; (void)k; {stores}}}\n}};\n",
+        operand_list(sig, false, ";\n"),
+        op_args(&sig.roles, |k| format!("p{k}[i]")),
+        op_args(&sig.roles, |k| format!("p.v{k}.v[e]")),
+    )
+}
+
+/// The signature's operands and operation as the `Ops` of the strided loop of
+/// `kernels/loops.cuh` (`CbStridedOps`).
+fn strided_ops(sig: &Signature) -> String {
+    let [mut offsets, mut steps] = <[String; 2]>::default();
+    for k in (0..sig.roles.len()).filter(|&k| sig.roles[k] == Role::Element) {
         let _ = write!(offsets, "I o{k}; ");
         let _ = write!(steps, "o.o{k} += idx * (I)p{k}.s[d]; ");
     }
-    let _ = write!(
+    format!(
+        "struct CbStridedOps {{\nCbInd ind;\n{};\n\
+         template <typename I> struct Offsets {{ {offsets}}};\n\
+         template <typename I> __device__ __forceinline__ void step(Offsets<I>& o, int d, I idx) \
+         const {{ (void)o; (void)d; (void)idx; {steps}}}\n\
+         template <typename I> __device__ __forceinline__ void at(const Offsets<I>& o, long long i) \
+         const {{ (void)o; cb_op(i, ind, {}); }}\n}};\n",
+        operand_list(sig, true, ";\n"),
+        op_args(&sig.roles, |k| format!("p{k}.p[o.o{k}]")),
+    )
+}
+
+/// The program of `spec` for `sig` that runs `variant` in the `index` width: the flat loops of
+/// `kernels/loops.cuh` over [`flat_ops`] or [`strided_ops`], or the tiled kernel
+/// ([`tiled_program`]; `None` where the signature has none). Its one function is named after
+/// the kernel, the variant and the width; the program after the signature too (names are
+/// unique among shipped programs).
+pub fn program(
+    spec: &Spec,
+    sig: &Signature,
+    reads: &[bool],
+    variant: Variant,
+    index: Index,
+) -> Option<Program> {
+    let bits = if index == Index::I32 { 32 } else { 64 };
+    let (part, lp, ops, int) = match (variant, index) {
+        (Variant::Tiled { .. }, _) => return tiled_program(spec, sig, reads, index),
+        (Variant::Strided, Index::I32) => ("strided", "strided", "CbStridedOps", "int"),
+        (Variant::Strided, Index::I64) => ("strided", "strided", "CbStridedOps", "long long"),
+        (Variant::Contiguous, _) => ("contiguous", "contiguous", "CbFlat", unsigned(index)),
+        (Variant::Vector, _) => ("vector", "vector", "CbFlat", unsigned(index)),
+    };
+    let strided = variant == Variant::Strided;
+    let mut src = prelude(spec, sig);
+    src.push_str(kernels::LOOPS);
+    src.push_str(&match strided {
+        true => strided_ops(sig),
+        false => flat_ops(sig, spec.inputs.len(), reads),
+    });
+    let function = format!("{}_{part}{bits}", spec.name);
+    let init: String = (0..sig.roles.len()).map(|k| format!(", p{k}")).collect();
+    let shape = if strided { ", g" } else { "" };
+    let _ = writeln!(
         src,
-        "struct CbFlat {{
-static constexpr int W = {width};
-CbInd ind;
-{};
-         template <typename I> __device__ __forceinline__ void at(I i) const          {{ cb_op((long long)i, ind, {}); }}
-         struct Packs {{ {packs}}};
-         template <typename I> __device__ __forceinline__ void load(Packs& p, I k) const          {{ (void)p; (void)k; {loads}}}
-         __device__ __forceinline__ void apply(Packs& p, long long first) const {{
-         (void)p;
-#pragma unroll
-for (int e = 0; e < W; ++e) cb_op(first + e, ind, {});
-}}
-         template <typename I> __device__ __forceinline__ void store(const Packs& p, I k) const          {{ (void)p; (void)k; {stores}}}
-}};
-         struct CbStridedOps {{
-CbInd ind;
-{};
-         template <typename I> struct Offsets {{ {offsets}}};
-         template <typename I> __device__ __forceinline__ void step(Offsets<I>& o, int d, I idx)          const {{ (void)o; (void)d; (void)idx; {steps}}}
-         template <typename I> __device__ __forceinline__ void at(const Offsets<I>& o, long long i)          const {{ (void)o; cb_op(i, ind, {}); }}
-}};
-",
-        operand_list(sig, false, ";
-"),
-        args(&|k| format!("p{k}[i]")),
-        args(&|k| format!("p.v{k}.v[e]")),
-        operand_list(sig, true, ";
-"),
-        args(&|k| format!("p{k}.p[o.o{k}]")),
+        "extern \"C\" __global__ void {function}({}) \
+         {{ cbt::{lp}<{ops}, {int}>({ops}{{{{n}}{init}}}, n{shape}); }}",
+        kernel_params(sig, strided)
     );
-    let name = &spec.name;
-    let init = (0..roles.len())
-        .map(|k| format!(", p{k}"))
-        .collect::<String>();
-    for (function, lp, index, ops) in [
-        ("contiguous", "contiguous", "long long", "CbFlat"),
-        ("vector32", "vector", "unsigned int", "CbFlat"),
-        ("vector64", "vector", "long long", "CbFlat"),
-        ("strided32", "strided", "int", "CbStridedOps"),
-        ("strided64", "strided", "long long", "CbStridedOps"),
-    ] {
-        let strided = ops == "CbStridedOps";
-        let shape = if strided { ", g" } else { "" };
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}_{function}({}) \
-             {{ cbt::{lp}<{ops}, {index}>({ops}{{{{n}}{init}}}, n{shape}); }}",
-            kernel_params(sig, strided)
-        );
-    }
-    Program {
-        name: name.clone(),
-        source: src,
-        options: Vec::new(),
-        functions: FUNCTIONS.iter().map(|f| format!("{name}_{f}")).collect(),
+    Some(finish(spec, sig, src, function))
+}
+
+/// The index type of the contiguous and vector loops in `index`'s width.
+fn unsigned(index: Index) -> &'static str {
+    match index {
+        Index::I32 => "unsigned int",
+        Index::I64 => "long long",
     }
 }
 
-/// The kernels of a signature's tiled program, in [`Program::functions`] order.
-pub const TILED_FUNCTIONS: [&str; 2] = ["tiled32", "tiled64"];
+/// `source` as the program of `function`, named for the signature.
+fn finish(spec: &Spec, sig: &Signature, source: String, function: String) -> Program {
+    let mut name = spec.name.clone();
+    for (d, r) in sig.dtypes.iter().zip(&sig.roles) {
+        let role = match r {
+            Role::Element => "",
+            Role::Value => "_value",
+            Role::Raw => "_raw",
+        };
+        let _ = write!(name, "_{d}{role}");
+    }
+    Program {
+        name: format!("{name}_{}", &function[spec.name.len() + 1..]),
+        source,
+        options: spec.options.iter().map(|o| o.to_string()).collect(),
+        functions: vec![function],
+    }
+}
 
 /// The element operands a tiled kernel of a signature with `roles` takes, when it can take one:
 /// its one or two element inputs (first `a`, then `b`) and its one element output, which the
@@ -246,21 +271,27 @@ pub fn tile_operands(
     (inputs.next().is_none() && one_output && !reads[0]).then_some((a, b, nin))
 }
 
-/// The tiled program of `spec` for `sig` (which [`tile_operands`] accepts): the operation as a
-/// functor of its one or two element inputs (the scalars kept in it), run by `cbt::tiled`, the
-/// tiled kernel that add's transposed layouts use too, in 32- and 64-bit indexing.
-pub fn tiled_program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Option<Program> {
+/// The tiled program of `spec` for `sig` (which [`tile_operands`] accepts) in the `index`
+/// width: the operation as a functor of its one or two element inputs (the scalars kept in
+/// it), run by `cbt::tiled` (`kernels/tiled.cu`). It keeps four blocks an SM in 32-bit indexing
+/// (at most 64 registers a thread: its loads in flight, not its arithmetic, set its speed),
+/// three in 64-bit (whose addresses need more registers).
+pub fn tiled_program(
+    spec: &Spec,
+    sig: &Signature,
+    reads: &[bool],
+    index: Index,
+) -> Option<Program> {
     let nin = spec.inputs.len();
     let (a, b, out) = tile_operands(&sig.roles, nin, reads)?;
     let ty = |k: usize| c_type(sig.dtypes[k]);
     let (ta, tr) = (ty(a), ty(out));
     // One input: the second is a value of a's type that the operation never reads.
     let tb = b.map_or(ta, ty);
-    let pairs =
-        crate::cuda::kernels::pairs([sig.dtypes[a], sig.dtypes[b.unwrap_or(a)], sig.dtypes[out]]);
+    let pairs = kernels::pairs([sig.dtypes[a], sig.dtypes[b.unwrap_or(a)], sig.dtypes[out]]);
     let mut src = prelude(spec, sig);
-    src.push_str(crate::cuda::kernels::ACCESS);
-    src.push_str(crate::cuda::kernels::TILED);
+    src.push_str(kernels::ACCESS);
+    src.push_str(kernels::TILED);
     let values: Vec<usize> = (0..nin).filter(|&k| sig.roles[k] == Role::Value).collect();
     let mut members = String::new();
     for &k in &values {
@@ -282,42 +313,37 @@ pub fn tiled_program(spec: &Spec, sig: &Signature, reads: &[bool]) -> Option<Pro
         args.join(", ")
     );
     let init: String = values.iter().map(|k| format!(", p{k}")).collect();
+    let (bits, int, blocks) = match index {
+        Index::I32 => (32, "int", 4),
+        Index::I64 => (64, "long long", 3),
+    };
     // b as the kernel reads it: an array, or a value the operation never reads.
-    let (sb, second) = match b {
+    let (sb, second, sb0, sb1) = match b {
         Some(b) => (
             format!("cbt::Dense<{tb}>"),
             format!("cbt::Dense<{tb}>{{p{b}.p}}"),
+            format!("({int})p{b}.s[0]"),
+            format!("({int})p{b}.s[1]"),
         ),
-        None => (format!("cbt::Splat<{tb}>"), format!("cbt::Splat<{tb}>{{}}")),
+        None => (
+            format!("cbt::Splat<{tb}>"),
+            format!("cbt::Splat<{tb}>{{}}"),
+            format!("({int})0"),
+            format!("({int})0"),
+        ),
     };
-    let name = &spec.name;
-    // As add's: four blocks an SM in 32-bit indexing (at most 64 registers a thread), three
-    // in 64-bit.
-    for (bits, index, blocks) in [(32, "int", 4), (64, "long long", 3)] {
-        let (sb0, sb1) = match b {
-            Some(b) => (format!("({index})p{b}.s[0]"), format!("({index})p{b}.s[1]")),
-            None => (format!("({index})0"), format!("({index})0")),
-        };
-        let _ = write!(
-            src,
-            "extern \"C\" __global__ void __launch_bounds__(256, {blocks}) \
-             {name}_tiled{bits}({}, int tile) {{\n\
-             const CbTileOp op{{CbInd{{n}}{init}}};\n\
-             cbt::tiled<CbTileOp, {ta}, {tb}, {tr}, {index}, {sb}, {pairs}>(op, p{out}.p, p{a}.p, \
-             {second}, ({index})g.d[0], ({index})g.d[1], ({index})p{out}.s[0], ({index})p{a}.s[0], \
-             ({index})p{a}.s[1], {sb0}, {sb1}, tile);\n}}\n",
-            kernel_params(sig, true)
-        );
-    }
-    Some(Program {
-        name: format!("{name}_tiled"),
-        source: src,
-        options: Vec::new(),
-        functions: TILED_FUNCTIONS
-            .iter()
-            .map(|f| format!("{name}_{f}"))
-            .collect(),
-    })
+    let function = format!("{}_tiled{bits}", spec.name);
+    let _ = write!(
+        src,
+        "extern \"C\" __global__ void __launch_bounds__(256, {blocks}) \
+         {function}({}, int tile) {{\n\
+         const CbTileOp op{{CbInd{{n}}{init}}};\n\
+         cbt::tiled<CbTileOp, {ta}, {tb}, {tr}, {int}, {sb}, {pairs}>(op, p{out}.p, p{a}.p, \
+         {second}, ({int})g.d[0], ({int})g.d[1], ({int})p{out}.s[0], ({int})p{a}.s[0], \
+         ({int})p{a}.s[1], {sb0}, {sb1}, tile);\n}}\n",
+        kernel_params(sig, true)
+    );
+    Some(finish(spec, sig, src, function))
 }
 
 #[cfg(test)]
@@ -350,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn generates_one_operation_and_five_kernels() {
+    fn generates_the_operation_and_one_kernel_per_variant() {
         let spec = Spec::new(
             "T x, raw T w, float32 a",
             "T z",
@@ -366,38 +392,52 @@ mod tests {
                 .collect(),
             roles: vec![Role::Element, Role::Raw, Role::Value, Role::Element],
         };
-        assert_eq!(vector_width(&sig), 8);
-        let p = program(&spec, &sig, &[false]);
-        assert!(p.source.contains("#include <cuda_bf16.h>"));
-        assert!(!p.source.contains("#include <cuda_fp16.h>"));
-        assert!(p.source.contains("typedef __nv_bfloat16 T;"));
-        assert!(p.source.contains(
-            "void cb_op(const long long i, const CbInd& _ind, const __nv_bfloat16 x, \
-             CbRaw<__nv_bfloat16> w, const float a, __nv_bfloat16& z)"
-        ));
-        // The operation on contiguous and on strided operands (raw arrays and values whole).
-        assert!(p
-            .source
-            .contains("cb_op((long long)i, ind, p0[i], p1, p2, p3[i]);"));
-        assert!(p
-            .source
-            .contains("cb_op(i, ind, p0.p[o.o0], p1, p2, p3.p[o.o3]);"));
+        assert_eq!(vector_width(&sig.dtypes, &sig.roles), 8);
+        let part = |v, index| program(&spec, &sig, &[false], v, index).unwrap();
+        let (flat, strided) = (
+            part(Variant::Vector, Index::I32),
+            part(Variant::Strided, Index::I64),
+        );
+        for p in [&flat, &strided] {
+            assert!(p.source.contains("#include <cuda_bf16.h>"));
+            assert!(!p.source.contains("#include <cuda_fp16.h>"));
+            assert!(p.source.contains("typedef __nv_bfloat16 T;"));
+            assert!(p.source.contains(
+                "void cb_op(const long long i, const CbInd& _ind, const __nv_bfloat16 x, \
+                 CbRaw<__nv_bfloat16> w, const float a, __nv_bfloat16& z)"
+            ));
+            assert!(p.options.is_empty());
+        }
+        // The operation on contiguous and on strided operands (raw arrays and values whole),
+        // each in its own program.
+        let contiguous = "cb_op((long long)i, ind, p0[i], p1, p2, p3[i]);";
+        let at_offsets = "cb_op(i, ind, p0.p[o.o0], p1, p2, p3.p[o.o3]);";
+        assert!(flat.source.contains(contiguous) && !flat.source.contains(at_offsets));
+        assert!(strided.source.contains(at_offsets) && !strided.source.contains(contiguous));
         // z is only assigned: stored, never loaded.
-        assert!(!p.source.contains("p.v3 = reinterpret_cast"));
-        assert!(p.source.contains("p.v0 = reinterpret_cast"));
-        assert!(p
+        assert!(!flat.source.contains("p.v3 = reinterpret_cast"));
+        assert!(flat.source.contains("p.v0 = reinterpret_cast"));
+        assert!(flat
             .source
             .contains("reinterpret_cast<CbPack<__nv_bfloat16, W>*>(p3)[k] = p.v3;"));
+        assert!(flat
+            .source
+            .contains("cbt::vector<CbFlat, unsigned int>(CbFlat{{n}, p0, p1, p2, p3}, n); }"));
+        assert_eq!(flat.functions, ["axpy_vector32"]);
+        assert_eq!(strided.functions, ["axpy_strided64"]);
         assert_eq!(
-            p.functions,
-            vec![
-                "axpy_contiguous",
-                "axpy_vector32",
-                "axpy_vector64",
-                "axpy_strided32",
-                "axpy_strided64"
-            ]
+            flat.name,
+            "axpy_bfloat16_bfloat16_raw_float32_value_bfloat16_vector32"
         );
+        // A raw array: no tiled kernel.
+        assert!(program(
+            &spec,
+            &sig,
+            &[false],
+            Variant::Tiled { mask: 1 },
+            Index::I32
+        )
+        .is_none());
     }
 }
 
@@ -407,6 +447,15 @@ mod tests {
 #[cfg(test)]
 mod compile_tests {
     use super::*;
+
+    /// The flat variants in both index widths.
+    const VARIANTS: [(Variant, Index); 5] = [
+        (Variant::Contiguous, Index::I64),
+        (Variant::Vector, Index::I32),
+        (Variant::Vector, Index::I64),
+        (Variant::Strided, Index::I32),
+        (Variant::Strided, Index::I64),
+    ];
 
     #[test]
     fn generated_programs_compile() {
@@ -432,10 +481,12 @@ mod compile_tests {
                     Role::Element,
                 ],
             };
-            let p = program(&spec, &sig, &[false, true]);
-            let key = format!("test_gen_{d}_{}", std::process::id());
-            if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
-                panic!("{d}: {e}\n{}", p.source);
+            for (v, index) in VARIANTS {
+                let p = program(&spec, &sig, &[false, true], v, index).unwrap();
+                let key = format!("test_gen_{d}_{}", std::process::id());
+                if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
+                    panic!("{d}: {e}\n{}", p.source);
+                }
             }
         }
         // Complex operands take the operators and functions users write.
@@ -453,7 +504,7 @@ mod compile_tests {
                 dtypes: vec![d; 3],
                 roles: vec![Role::Element; 3],
             };
-            let p = program(&complex, &sig, &[false]);
+            let p = program(&complex, &sig, &[false], Variant::Vector, Index::I32).unwrap();
             let key = format!("test_complex_{d}_{}", std::process::id());
             if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
                 panic!("{d}: {e}\n{}", p.source);
@@ -476,10 +527,12 @@ mod compile_tests {
                 if d == DType::Bool && spec.name == "two" {
                     continue; // bool has no `*`
                 }
-                let p = tiled_program(spec, sig, &[false]).expect("a tiled signature");
-                let key = format!("test_tiled_{}_{d}_{}", spec.name, std::process::id());
-                if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
-                    panic!("{d}: {e}\n{}", p.source);
+                for index in [Index::I32, Index::I64] {
+                    let p = tiled_program(spec, sig, &[false], index).expect("a tiled signature");
+                    let key = format!("test_tiled_{}_{d}_{}", spec.name, std::process::id());
+                    if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
+                        panic!("{d}: {e}\n{}", p.source);
+                    }
                 }
             }
         }

@@ -27,6 +27,18 @@ pub struct Declared {
     pub raw: bool,
 }
 
+/// How a call binds its parameters' dtypes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// Users' kernels (CuPy's rule): arrays bind type names and must have their parameter's
+    /// dtype exactly; a type name that only Python scalars meet takes their default dtype.
+    Exact,
+    /// Array API promotion, as the built-in op it names binds (`add`): each input array binds
+    /// its own type name; every other parameter (an output, a Python scalar) has the promotion
+    /// of the input arrays' dtypes. An output passed must have it (checked with its shape).
+    Promote(&'static str),
+}
+
 /// A parsed elementwise kernel: inputs, outputs, the operation (a C++ statement run once per
 /// index, with each input's element as a value and each output's as a reference), a kernel
 /// name, and a preamble of device code put before it.
@@ -42,6 +54,13 @@ pub struct Spec {
     pub name: String,
     /// Device code put before the operation (helper functions).
     pub preamble: String,
+    /// How a call binds dtypes: [`Rule::Exact`] for users' kernels.
+    pub rule: Rule,
+    /// Device code of cubridge's own put before the preamble (a built-in op's arithmetic, such
+    /// as add's `add_one` of `kernels/common.cuh`); empty for users' kernels.
+    pub header: &'static str,
+    /// NVRTC options beyond the architecture (none for users' kernels).
+    pub options: &'static [&'static str],
 }
 
 /// Names the generated code itself uses: a parameter or type may not take them.
@@ -170,7 +189,34 @@ impl Spec {
             operation: operation.to_string(),
             name: name.to_string(),
             preamble: preamble.to_string(),
+            rule: Rule::Exact,
+            header: "",
+            options: &[],
         })
+    }
+
+    /// The declaration of a built-in op: bound by `rule`, with cubridge's `header` and NVRTC
+    /// `options`.
+    pub(crate) fn built_in(
+        self,
+        rule: Rule,
+        header: &'static str,
+        options: &'static [&'static str],
+    ) -> Spec {
+        Spec {
+            rule,
+            header,
+            options,
+            ..self
+        }
+    }
+
+    /// The op a dtype error names.
+    pub fn op(&self) -> &'static str {
+        match self.rule {
+            Rule::Exact => "an elementwise kernel",
+            Rule::Promote(op) => op,
+        }
     }
 
     /// Every parameter, inputs first.
@@ -198,6 +244,9 @@ impl Spec {
     /// scalars meet takes their default; an array must have its parameter's dtype exactly (no
     /// silent casts).
     pub fn bind(&self, given: &[Option<DType>], python: &[Option<DType>]) -> Result<Vec<DType>> {
+        if let Rule::Promote(op) = self.rule {
+            return self.promote(op, given);
+        }
         // Few type names per kernel: a short list, searched in place.
         let mut bound: Vec<(&str, DType)> = Vec::new();
         for (p, d) in self.params().zip(given) {
@@ -250,6 +299,19 @@ impl Spec {
             dtypes.push(want);
         }
         Ok(dtypes)
+    }
+
+    /// [`Rule::Promote`]: each input array's own dtype, and the promotion of them all for every
+    /// other parameter.
+    fn promote(&self, op: &'static str, given: &[Option<DType>]) -> Result<Vec<DType>> {
+        let nin = self.inputs.len();
+        let mut arrays = given[..nin].iter().flatten();
+        let first = arrays
+            .next()
+            .ok_or_else(|| Error::invalid(format!("{op} takes at least one array")))?;
+        let promoted = arrays.try_fold(*first, |p, &d| DType::promote(p, d, op))?;
+        let own = |k: usize| given[k].filter(|_| k < nin).unwrap_or(promoted);
+        Ok((0..given.len()).map(own).collect())
     }
 }
 
