@@ -1,7 +1,7 @@
 //! The loop plan of an elementwise kernel: which kernel variant walks the operands, over which
 //! merged dimensions, in which index width. Every elementwise kernel plans here (`add` on CUDA
 //! and on the CPU, users' `ElementwiseKernel`s): the step is pure, so it is tested without a GPU,
-//! and a kernel family only maps the chosen [`Variant`] to its own functions and parameters.
+//! and the engine loads the chosen [`Variant`]'s kernel for the call's signature.
 //!
 //! The rules, in order:
 //! - every operand C-contiguous over the loop's shape: one flat run;
@@ -12,7 +12,7 @@
 //!   Fortran-ordered alike, say) is a flat run too;
 //! - a flat run takes the vector variant when every operand's address is aligned to a pack of
 //!   `width` elements, and the plain contiguous one otherwise;
-//! - where the family offers tiles, two merged dimensions with the lead running along columns
+//! - where the signature has a tiled kernel, two merged dimensions with the lead running along columns
 //!   and some other operand along rows (a transposed input) take the tiled variant;
 //! - anything else is the strided variant;
 //! - indices are 32-bit where every index and element offset fits ([`kernels::fits_32_bits`]).
@@ -81,8 +81,8 @@ pub struct Plan {
 impl Plan {
     /// Plans a loop over `n` elements of `shape` (n > 0) walking `operands`, with dimensions
     /// ordered by the strides of `operands[lead]` (kept in C order when `None`). `width` is the
-    /// vector variant's pack (1: no vector variant); `tiles` says whether the kernel family has
-    /// the tiled variant.
+    /// vector variant's pack (1: no vector variant); `tiles` says whether the signature has the
+    /// tiled variant.
     pub fn new(
         shape: &[usize],
         n: usize,
@@ -171,7 +171,7 @@ impl Plan {
     /// Blocks of `block` threads for the flat and strided variants on device `ordinal`: one
     /// chunk a block for the vector kernel ([`Plan::vector_blocks`]), else one element a thread
     /// capped at what the device keeps resident (the grid-stride loops do the rest). The tiled
-    /// variant's grid is its family's (one block a tile).
+    /// variant's grid is one block a tile (see `params::kernel`).
     pub fn blocks(&self, ordinal: u32, width: usize, block: u32) -> crate::Result<u32> {
         match self.variant {
             Variant::Vector => Ok(self.vector_blocks(width, block)),
@@ -313,7 +313,7 @@ mod tests {
     }
 
     #[test]
-    fn transposed_operands_take_tiles_where_the_family_has_them() {
+    fn transposed_operands_take_tiles_where_the_signature_has_them() {
         let (o, t) = ([8, 1], [1, 4]);
         let ops = [op(&o, true, 0), op(&t, false, 0), op(&o, true, 0)];
         let p = Plan::new(&[4, 8], 32, &ops, Some(0), 4, true);
@@ -321,7 +321,7 @@ mod tests {
         let both = [op(&o, true, 0), op(&t, false, 0), op(&t, false, 0)];
         let p = Plan::new(&[4, 8], 32, &both, Some(0), 4, true);
         assert_eq!(p.variant, Variant::Tiled { mask: 0b110 });
-        // Without tiles in the family: strided.
+        // Without a tiled kernel: strided.
         assert_eq!(
             Plan::new(&[4, 8], 32, &ops, Some(0), 4, false).variant,
             Variant::Strided

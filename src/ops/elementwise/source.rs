@@ -252,6 +252,38 @@ fn finish(spec: &Spec, sig: &Signature, source: String, function: String) -> Pro
     }
 }
 
+/// The operation as the tiled kernel takes it (`CbTileOp`): a functor of the element inputs
+/// `a` and `b` (none: one input) that returns `out`, with the scalars among its members; and
+/// the members' initializers after its `CbInd`.
+fn tile_op(
+    sig: &Signature,
+    nin: usize,
+    (a, b, out): (usize, Option<usize>, usize),
+) -> (String, String) {
+    let ty = |k: usize| c_type(sig.dtypes[k]);
+    let (ta, tb, tr) = (ty(a), b.map_or(ty(a), ty), ty(out));
+    let values: Vec<usize> = (0..nin).filter(|&k| sig.roles[k] == Role::Value).collect();
+    let members: String = values
+        .iter()
+        .map(|&k| format!("{} p{k};\n", ty(k)))
+        .collect();
+    let args: Vec<String> = (0..sig.roles.len())
+        .map(|k| match k {
+            _ if k == a => "x".to_string(),
+            _ if Some(k) == b => "y".to_string(),
+            _ if k == out => "z".to_string(),
+            _ => format!("p{k}"),
+        })
+        .collect();
+    let op = format!(
+        "struct CbTileOp {{\nCbInd ind;\n{members}\
+         __device__ __forceinline__ {tr} operator()({ta} x, {tb} y) const {{\n\
+         (void)y;\n{tr} z;\ncb_op(0, ind, {});\nreturn z;\n}}\n}};\n",
+        args.join(", ")
+    );
+    (op, values.iter().map(|k| format!(", p{k}")).collect())
+}
+
 /// The element operands a tiled kernel of a signature with `roles` takes, when it can take one:
 /// its one or two element inputs (first `a`, then `b`) and its one element output, which the
 /// operation only assigns (`reads`, per output, as for [`program`]); no raw arrays. Scalars may
@@ -292,27 +324,8 @@ pub fn tiled_program(
     let mut src = prelude(spec, sig);
     src.push_str(kernels::ACCESS);
     src.push_str(kernels::TILED);
-    let values: Vec<usize> = (0..nin).filter(|&k| sig.roles[k] == Role::Value).collect();
-    let mut members = String::new();
-    for &k in &values {
-        let _ = writeln!(members, "{} p{k};", ty(k));
-    }
-    let args: Vec<String> = (0..sig.roles.len())
-        .map(|k| match k {
-            _ if k == a => "x".to_string(),
-            _ if Some(k) == b => "y".to_string(),
-            _ if k == out => "z".to_string(),
-            _ => format!("p{k}"),
-        })
-        .collect();
-    let _ = write!(
-        src,
-        "struct CbTileOp {{\nCbInd ind;\n{members}\
-         __device__ __forceinline__ {tr} operator()({ta} x, {tb} y) const {{\n\
-         (void)y;\n{tr} z;\ncb_op(0, ind, {});\nreturn z;\n}}\n}};\n",
-        args.join(", ")
-    );
-    let init: String = values.iter().map(|k| format!(", p{k}")).collect();
+    let (op, init) = tile_op(sig, nin, (a, b, out));
+    src.push_str(&op);
     let (bits, int, blocks) = match index {
         Index::I32 => (32, "int", 4),
         Index::I64 => (64, "long long", 3),

@@ -1,4 +1,5 @@
-//! The declaration of a user's elementwise kernel, in CuPy's `ElementwiseKernel` syntax:
+//! The declaration of an elementwise kernel (a user's, or a built-in op such as `add`), in
+//! CuPy's `ElementwiseKernel` syntax:
 //! parameter lists such as `"T x, raw float32 w, float32 a"` and `"T z"`, parsed and checked
 //! once when the kernel is made, and the dtypes a call binds its type names to.
 
@@ -411,6 +412,22 @@ fn uses<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = usize> + 'a {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn promotion_binds_each_input_its_own_dtype_and_the_rest_their_promotion() {
+        let spec = Spec::new("A a, B b", "R out", "out = a + b", "plus", "").unwrap();
+        let spec = spec.built_in(Rule::Promote("plus"), "", &[]);
+        let (f16, f32, i32) = (DType::Float16, DType::Float32, DType::Int32);
+        let bind = |given: &[Option<DType>]| spec.bind(given, &[None; 3]);
+        assert_eq!(bind(&[Some(f16), Some(f32), None]).unwrap(), [f16, f32, f32]);
+        // A scalar (no dtype given) takes the array's; an output passed is checked later, with
+        // its shape.
+        assert_eq!(bind(&[Some(f16), None, Some(i32)]).unwrap(), [f16, f16, f16]);
+        let e = bind(&[Some(i32), Some(f32), None]).unwrap_err().to_string();
+        assert!(e.contains("plus") && e.contains("int32") && e.contains("float32"), "{e}");
+        assert!(bind(&[None, None, None]).is_err());
+        assert_eq!(spec.op(), "plus");
+    }
 
     #[test]
     fn parses_cupy_parameter_lists() {
