@@ -27,27 +27,7 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
         return host_copy(src, dtype, device);
     }
     if host_src {
-        // Host to device: stage a contiguous host array of the target dtype, then one copy.
-        let staged = if src.layout().is_contiguous() && src.dtype() == dtype {
-            src.clone()
-        } else {
-            host_copy(src, dtype, Device::Cpu)?
-        };
-        let n = cuda_ordinal(device)?;
-        let dst = Array::empty(src.shape(), dtype, device)?;
-        // SAFETY: both are contiguous with the same byte size; dst is a fresh allocation for the
-        // legacy default stream; the staged memory is kept alive until the copy has run.
-        unsafe {
-            memory::copy_async(
-                dst.data_ptr(),
-                staged.data_ptr(),
-                dst.nbytes(),
-                n,
-                stream::LEGACY,
-            )?
-        };
-        Array::keep_until_run(&[&staged], stream::LEGACY, None, n);
-        return Ok(dst);
+        return host_to_device(src, dtype, device);
     }
     // From device memory: make it contiguous on its device first.
     let n = cuda_ordinal(src.device())?;
@@ -59,46 +39,74 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
         gather(src)?
     };
     if dtype == src.dtype() {
-        let dst = Array::empty(src.shape(), dtype, device)?;
-        match device {
-            Device::Cuda(m) if m == n => {
-                // SAFETY: same shape and dtype, both contiguous on this device; dst is fresh and
-                // allocated for the legacy default stream; the source is kept alive until the
-                // copy has run.
-                unsafe {
-                    memory::copy_async(
-                        dst.data_ptr(),
-                        contiguous.data_ptr(),
-                        dst.nbytes(),
-                        n,
-                        stream::LEGACY,
-                    )?
-                };
-                Array::keep_until_run(&[src, &contiguous], stream::LEGACY, None, n);
-            }
-            _ => {
-                if let Device::Cuda(m) = device {
-                    // Another device's stream copies into it: the allocation must have happened.
-                    stream::synchronize(stream::LEGACY, m)?;
-                }
-                // SAFETY: same shape and dtype, both contiguous; dst is fresh; the copy is
-                // complete on return, while both are alive.
-                unsafe {
-                    memory::copy_sync(
-                        dst.data_ptr(),
-                        contiguous.data_ptr(),
-                        dst.nbytes(),
-                        n,
-                        stream::LEGACY,
-                    )?
-                };
-            }
-        }
-        return Ok(dst);
+        return from_device(src, &contiguous, device, n);
     }
     // A cast of device data goes through the host.
     let host = copy(&contiguous, contiguous.dtype(), Device::Cpu)?;
     copy(&host, dtype, device)
+}
+
+/// Host memory to a CUDA device: a contiguous host array of the target dtype (`src` itself
+/// where it is one), then one copy on the legacy default stream.
+fn host_to_device(src: &Array, dtype: DType, device: Device) -> Result<Array> {
+    let staged = if src.layout().is_contiguous() && src.dtype() == dtype {
+        src.clone()
+    } else {
+        host_copy(src, dtype, Device::Cpu)?
+    };
+    let n = cuda_ordinal(device)?;
+    let dst = Array::empty(src.shape(), dtype, device)?;
+    // SAFETY: both are contiguous with the same byte size; dst is a fresh allocation for the
+    // legacy default stream; the staged memory is kept alive until the copy has run.
+    unsafe {
+        memory::copy_async(
+            dst.data_ptr(),
+            staged.data_ptr(),
+            dst.nbytes(),
+            n,
+            stream::LEGACY,
+        )?
+    };
+    Array::keep_until_run(&[&staged], stream::LEGACY, None, n);
+    Ok(dst)
+}
+
+/// `contiguous` (`src`, or its gather, on CUDA device `n`) into a new array of its dtype on
+/// `device`: queued on the same device, complete on return elsewhere.
+fn from_device(src: &Array, contiguous: &Array, device: Device, n: u32) -> Result<Array> {
+    let dst = Array::empty(src.shape(), src.dtype(), device)?;
+    if device == Device::Cuda(n) {
+        // SAFETY: same shape and dtype, both contiguous on this device; dst is fresh and
+        // allocated for the legacy default stream; the source is kept alive until the copy has
+        // run.
+        unsafe {
+            memory::copy_async(
+                dst.data_ptr(),
+                contiguous.data_ptr(),
+                dst.nbytes(),
+                n,
+                stream::LEGACY,
+            )?
+        };
+        Array::keep_until_run(&[src, contiguous], stream::LEGACY, None, n);
+        return Ok(dst);
+    }
+    if let Device::Cuda(m) = device {
+        // Another device's stream copies into it: the allocation must have happened.
+        stream::synchronize(stream::LEGACY, m)?;
+    }
+    // SAFETY: same shape and dtype, both contiguous; dst is fresh; the copy is complete on
+    // return, while both are alive.
+    unsafe {
+        memory::copy_sync(
+            dst.data_ptr(),
+            contiguous.data_ptr(),
+            dst.nbytes(),
+            n,
+            stream::LEGACY,
+        )?
+    };
+    Ok(dst)
 }
 
 fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {

@@ -419,12 +419,21 @@ mod tests {
         let spec = spec.built_in(Rule::Promote("plus"), "", &[]);
         let (f16, f32, i32) = (DType::Float16, DType::Float32, DType::Int32);
         let bind = |given: &[Option<DType>]| spec.bind(given, &[None; 3]);
-        assert_eq!(bind(&[Some(f16), Some(f32), None]).unwrap(), [f16, f32, f32]);
+        assert_eq!(
+            bind(&[Some(f16), Some(f32), None]).unwrap(),
+            [f16, f32, f32]
+        );
         // A scalar (no dtype given) takes the array's; an output passed is checked later, with
         // its shape.
-        assert_eq!(bind(&[Some(f16), None, Some(i32)]).unwrap(), [f16, f16, f16]);
+        assert_eq!(
+            bind(&[Some(f16), None, Some(i32)]).unwrap(),
+            [f16, f16, f16]
+        );
         let e = bind(&[Some(i32), Some(f32), None]).unwrap_err().to_string();
-        assert!(e.contains("plus") && e.contains("int32") && e.contains("float32"), "{e}");
+        assert!(
+            e.contains("plus") && e.contains("int32") && e.contains("float32"),
+            "{e}"
+        );
         assert!(bind(&[None, None, None]).is_err());
         assert_eq!(spec.op(), "plus");
     }

@@ -36,6 +36,42 @@ impl Drop for HeldBuffer {
     }
 }
 
+/// The dtype of a filled buffer's format (`B` where it gives none) and itemsize.
+fn format_dtype(v: &ffi::Py_buffer, itemsize: usize) -> crate::Result<DType> {
+    if v.format.is_null() {
+        return DType::from_buffer_format("B", itemsize);
+    }
+    // SAFETY: a non-NULL format is a NUL-terminated C string owned by the exporter.
+    let format = unsafe { std::ffi::CStr::from_ptr(v.format) };
+    match format.to_str() {
+        Ok(text) => DType::from_buffer_format(text, itemsize),
+        Err(_) => DType::from_buffer_format(&format.to_string_lossy(), itemsize),
+    }
+}
+
+/// A filled buffer's strides in elements, written into `strides` (one entry per dimension);
+/// false where it gives none (C-contiguous).
+fn element_strides(
+    v: &ffi::Py_buffer,
+    itemsize: usize,
+    strides: &mut [i64],
+) -> crate::Result<bool> {
+    if v.strides.is_null() || strides.is_empty() {
+        return Ok(false);
+    }
+    // SAFETY: a filled Py_buffer's non-NULL strides hold `ndim` entries, as many as `strides`.
+    let bytes = unsafe { std::slice::from_raw_parts(v.strides, strides.len()) };
+    for (to, &s) in strides.iter_mut().zip(bytes) {
+        if s % itemsize as isize != 0 {
+            return Err(Error::invalid(format!(
+                "buffer stride {s} is not a multiple of the item size {itemsize}"
+            )));
+        }
+        *to = (s / itemsize as isize) as i64;
+    }
+    Ok(true)
+}
+
 /// A zero-copy view of a buffer-protocol object, or `None` if it has no buffer protocol. The view
 /// holds the buffer (and so the object) until the last array over it goes.
 pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
@@ -86,16 +122,7 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
     if suboffsets.iter().any(|&o| o >= 0) {
         return Err(Error::invalid("indirect (PIL-style) buffers are not supported").into());
     }
-    let dtype = if v.format.is_null() {
-        DType::from_buffer_format("B", itemsize)?
-    } else {
-        // SAFETY: a non-NULL format is a NUL-terminated C string owned by the exporter.
-        let format = unsafe { std::ffi::CStr::from_ptr(v.format) };
-        match format.to_str() {
-            Ok(text) => DType::from_buffer_format(text, itemsize)?,
-            Err(_) => DType::from_buffer_format(&format.to_string_lossy(), itemsize)?,
-        }
-    };
+    let dtype = format_dtype(v, itemsize)?;
     // Shape and element strides on the stack for up to 8 dimensions.
     let (mut shape_buf, mut strides_buf) = ([0i64; 8], [0i64; 8]);
     let (mut shape_heap, mut strides_heap) = (Vec::new(), Vec::new());
@@ -109,20 +136,7 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
     for (to, &d) in shape.iter_mut().zip(dims) {
         *to = d as i64;
     }
-    let has_strides = !v.strides.is_null() && ndim > 0;
-    if has_strides {
-        // SAFETY: see above.
-        let bytes = unsafe { std::slice::from_raw_parts(v.strides, ndim) };
-        for (to, &s) in strides.iter_mut().zip(bytes) {
-            if s % itemsize as isize != 0 {
-                return Err(Error::invalid(format!(
-                    "buffer stride {s} is not a multiple of the item size {itemsize}"
-                ))
-                .into());
-            }
-            *to = (s / itemsize as isize) as i64;
-        }
-    }
+    let has_strides = element_strides(v, itemsize, strides)?;
     let descriptor = Descriptor {
         data: v.buf as usize,
         byte_offset: 0,

@@ -93,6 +93,49 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: cs::Stream, use_: Use) -> PyResu
     )))
 }
 
+/// Key `key` of an interface, which must be there and be `what`.
+fn required<T: for<'a, 'py> FromPyObject<'a, 'py>>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    what: &str,
+) -> PyResult<T> {
+    get(d, key)?
+        .ok_or_else(|| bad(format!("missing '{key}'")))?
+        .extract()
+        .map_err(|_| bad(format!("'{key}' must be {what}")))
+}
+
+/// An interface's strides in elements (none: C-contiguous).
+fn element_strides(d: &Bound<'_, PyDict>, dtype: DType) -> PyResult<Option<Vec<i64>>> {
+    let Some(s) = get(d, "strides")? else {
+        return Ok(None);
+    };
+    let itemsize = dtype.itemsize() as i64;
+    let bytes: Vec<i64> = s
+        .extract()
+        .map_err(|_| bad("'strides' must be a tuple of ints"))?;
+    if let Some(b) = bytes.iter().find(|&&b| b % itemsize != 0) {
+        return Err(bad(format!(
+            "stride {b} is not a multiple of the item size {itemsize}"
+        )));
+    }
+    Ok(Some(bytes.iter().map(|b| b / itemsize).collect()))
+}
+
+/// The stream an interface (version 3) says its pending writes are on, if it names one.
+fn producer_stream(d: &Bound<'_, PyDict>) -> PyResult<Option<cs::Stream>> {
+    let Some(s) = get(d, "stream")? else {
+        return Ok(None);
+    };
+    let v: i128 = s
+        .extract()
+        .map_err(|_| bad("'stream' must be an int or None"))?;
+    if v == 0 {
+        return Err(bad("stream 0 is disallowed by version 3 of the interface"));
+    }
+    Ok(Some(cs::Stream::from_dlpack(v)?))
+}
+
 /// The view an object's CUDA array interface describes, not yet ordered after its producer's
 /// pending writes, or `None` when the object has none.
 pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
@@ -105,61 +148,24 @@ pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
     let d = cai
         .cast::<PyDict>()
         .map_err(|_| PyErr::from(Error::wrong_type("__cuda_array_interface__ must be a dict")))?;
-    let version: i64 = get(d, "version")?
-        .ok_or_else(|| bad("missing 'version'"))?
-        .extract()
-        .map_err(|_| bad("'version' must be an int"))?;
+    let version: i64 = required(d, "version", "an int")?;
     if !(0..=3).contains(&version) {
         return Err(bad(format!(
             "version {version} is not supported (0 to 3 are)"
         )));
     }
-    let shape: Vec<i64> = get(d, "shape")?
-        .ok_or_else(|| bad("missing 'shape'"))?
-        .extract()
-        .map_err(|_| bad("'shape' must be a tuple of ints"))?;
-    let typestr: String = get(d, "typestr")?
-        .ok_or_else(|| bad("missing 'typestr'"))?
-        .extract()
-        .map_err(|_| bad("'typestr' must be a str"))?;
+    let shape: Vec<i64> = required(d, "shape", "a tuple of ints")?;
+    let typestr: String = required(d, "typestr", "a str")?;
     let dtype = DType::from_typestr(&typestr)?;
-    let (ptr, readonly): (usize, bool) = get(d, "data")?
-        .ok_or_else(|| bad("missing 'data'"))?
-        .extract()
-        .map_err(|_| bad("'data' must be a (pointer, read-only) tuple"))?;
+    let (ptr, readonly): (usize, bool) = required(d, "data", "a (pointer, read-only) tuple")?;
     if get(d, "mask")?.is_some() {
         return Err(bad("masked arrays are not supported"));
     }
-    let itemsize = dtype.itemsize() as i64;
-    let strides: Option<Vec<i64>> = match get(d, "strides")? {
-        None => None,
-        Some(s) => {
-            let bytes: Vec<i64> = s
-                .extract()
-                .map_err(|_| bad("'strides' must be a tuple of ints"))?;
-            if let Some(b) = bytes.iter().find(|&&b| b % itemsize != 0) {
-                return Err(bad(format!(
-                    "stride {b} is not a multiple of the item size {itemsize}"
-                )));
-            }
-            Some(bytes.iter().map(|b| b / itemsize).collect())
-        }
-    };
+    let strides = element_strides(d, dtype)?;
     // The layout is checked before anything is asked of the driver.
     crate::layout::Layout::from_untrusted(&shape, strides.as_deref(), 0, dtype.itemsize())
         .map_err(|e| bad(e.to_string()))?;
-    let producer_stream = match get(d, "stream")? {
-        None => None,
-        Some(s) => {
-            let v: i128 = s
-                .extract()
-                .map_err(|_| bad("'stream' must be an int or None"))?;
-            if v == 0 {
-                return Err(bad("stream 0 is disallowed by version 3 of the interface"));
-            }
-            Some(cs::Stream::from_dlpack(v)?)
-        }
-    };
+    let producer_stream = producer_stream(d)?;
     let device = if ptr != 0 {
         memory::pointer_device(ptr).map_err(|e| match e {
             Error::Invalid(why) => bad(why),
