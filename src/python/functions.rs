@@ -239,23 +239,7 @@ pub fn add(
     let mut arrays: [Option<Array>; 3] = [None, None, None];
     let (kernel_stream, waits) = take_arrays(&objs, &[false, false, true], explicit, &mut arrays)?;
     let [array_a, array_b, out_array] = arrays;
-    // One Python scalar beside an array goes to the kernel by value (add commutes, so the
-    // array is always the first input); two scalars make a 0-d array on the CPU.
-    let (x, y) = match (array_a, array_b, scalar_a, scalar_b) {
-        (Some(x), Some(y), _, _) => (x, Arg::Array(y)),
-        (Some(x), None, _, Some(value)) | (None, Some(x), Some(value), _) => {
-            (x, Arg::Value(value, None))
-        }
-        (None, None, Some(va), Some(vb)) => {
-            // Two Python scalars meet in the wider kind, whichever comes first.
-            let dtype = widest(default_dtype(va), default_dtype(vb));
-            (
-                ops::full(&[], va, dtype, crate::Device::Cpu)?,
-                Arg::Value(vb, None),
-            )
-        }
-        _ => return Err(Error::invalid("add takes arrays and Python scalars").into()),
-    };
+    let (x, y) = add_inputs([array_a, array_b], [scalar_a, scalar_b])?;
     let y_host = match &y {
         Arg::Array(y) => y.device().is_host_accessible(),
         Arg::Value(..) => true,
@@ -283,30 +267,55 @@ pub fn add(
     // A small loop on host memory runs with the GIL held: letting it go and taking it back
     // costs more than the loop (numpy keeps it for small arrays too). Everything else, CUDA
     // work above all, runs without it.
-    let y_array = match &y {
-        Arg::Array(y) => Some(y),
-        Arg::Value(..) => None,
+    let result = if small_host(&x, &y, out_array.as_ref()) {
+        run()?
+    } else {
+        py.detach(run)?
     };
-    let operands = [Some(&x), y_array, out_array.as_ref()];
-    // The result's size: the broadcast of the inputs (equal shapes, the common case, need no
-    // broadcast).
-    let result_numel = match y_array {
-        Some(y) if y.shape() != x.shape() => crate::layout::broadcast_shapes(x.shape(), y.shape())
-            .and_then(|s| crate::layout::checked_numel(&s))
-            .unwrap_or(usize::MAX),
-        _ => x.numel(),
-    };
-    let small_host = result_numel <= HOST_GIL_ELEMENTS
-        && operands
-            .iter()
-            .flatten()
-            .all(|a| a.device().is_host_accessible());
-    let result = if small_host { run()? } else { py.detach(run)? };
     // Like numpy and torch, `out` itself is the result when given.
     Ok(match out {
         Some(o) => o.clone().unbind(),
         None => Bound::new(py, PyArray::new(result))?.into_any().unbind(),
     })
+}
+
+/// add's inputs: the arrays, and a Python scalar beside an array by value (add commutes, so the
+/// array is always the first input); two scalars make a 0-d array on the CPU.
+fn add_inputs(arrays: [Option<Array>; 2], scalars: [Option<Scalar>; 2]) -> PyResult<(Array, Arg)> {
+    Ok(match (arrays, scalars) {
+        ([Some(x), Some(y)], _) => (x, Arg::Array(y)),
+        ([Some(x), None], [_, Some(value)]) | ([None, Some(x)], [Some(value), _]) => {
+            (x, Arg::Value(value, None))
+        }
+        ([None, None], [Some(va), Some(vb)]) => {
+            // Two Python scalars meet in the wider kind, whichever comes first.
+            let dtype = widest(default_dtype(va), default_dtype(vb));
+            let x = ops::full(&[], va, dtype, crate::Device::Cpu)?;
+            (x, Arg::Value(vb, None))
+        }
+        _ => return Err(Error::invalid("add takes arrays and Python scalars").into()),
+    })
+}
+
+/// Whether add runs on host memory only, with a result of at most [`HOST_GIL_ELEMENTS`] (the
+/// broadcast of the inputs; equal shapes, the common case, need no broadcast).
+fn small_host(x: &Array, y: &Arg, out: Option<&Array>) -> bool {
+    let y = match y {
+        Arg::Array(y) => Some(y),
+        Arg::Value(..) => None,
+    };
+    let numel = match y {
+        Some(y) if y.shape() != x.shape() => crate::layout::broadcast_shapes(x.shape(), y.shape())
+            .and_then(|s| crate::layout::checked_numel(&s))
+            .unwrap_or(usize::MAX),
+        _ => x.numel(),
+    };
+    let operands = [Some(x), y, out];
+    numel <= HOST_GIL_ELEMENTS
+        && operands
+            .iter()
+            .flatten()
+            .all(|a| a.device().is_host_accessible())
 }
 
 /// `a + b` for the `+` operator: like [`add`], returning NotImplemented for a foreign operand
