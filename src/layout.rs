@@ -52,7 +52,7 @@ impl<T: Copy + Default> Dims<T> {
     }
 
     /// `n` entries from `f(0)`, `f(1)`, ...
-    fn from_fn(n: usize, mut f: impl FnMut(usize) -> T) -> Self {
+    pub fn from_fn(n: usize, mut f: impl FnMut(usize) -> T) -> Self {
         if n <= INLINE_DIMS {
             let mut inline = [T::default(); INLINE_DIMS];
             for (i, v) in inline.iter_mut().take(n).enumerate() {

@@ -50,7 +50,8 @@ fn kernel() -> &'static ElementwiseKernel {
 /// `None`), after the pending work of every operand's recorded stream, and the result records
 /// that stream.
 pub fn add(a: &Array, b: &Array, out: Option<&Array>, stream: Option<Stream>) -> Result<Array> {
-    run([Arg::Array(a.clone()), Arg::Array(b.clone())], out, stream)
+    let inputs = [Arg::Array(a.clone()), Arg::Array(b.clone())];
+    run(inputs, out.cloned(), stream)
 }
 
 /// `a + value`, where `value` (a Python scalar) takes `a`'s dtype as the Array API asks: a
@@ -64,22 +65,18 @@ pub fn add_scalar(
     out: Option<&Array>,
     stream: Option<Stream>,
 ) -> Result<Array> {
-    run(
-        [Arg::Array(a.clone()), Arg::Value(value, None)],
-        out,
-        stream,
-    )
+    let inputs = [Arg::Array(a.clone()), Arg::Value(value, None)];
+    run(inputs, out.cloned(), stream)
 }
 
-/// Binds and runs add on the inputs' device: the engine's launch on CUDA, the CPU loop on host
-/// memory.
-fn run(inputs: [Arg; 2], out: Option<&Array>, stream: Option<Stream>) -> Result<Array> {
+/// [`add`] of two arguments (the first an array; the second an array, or a value as in
+/// [`add_scalar`]) into `out`: the engine's launch on CUDA, the CPU loop on host memory.
+pub fn run(inputs: [Arg; 2], out: Option<Array>, stream: Option<Stream>) -> Result<Array> {
     let kernel = kernel();
-    let outputs = [out.cloned()];
+    let outputs = [out];
     let call = kernel.bind(&inputs, &outputs)?;
     let shape = call.loop_shape(None)?;
-    let arrays: Vec<&Array> = (0..3).filter_map(|k| call.array(k)).collect();
-    let device = common_device(&arrays)?;
+    let device = common_device((0..3).filter_map(|k| call.array(k)))?;
     let Device::Cuda(_) = device else {
         return on_host(&call, &shape);
     };
@@ -140,12 +137,15 @@ fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
 
 /// The device the operation runs on. Host-accessible memory (cpu, pinned, managed) mixes on the
 /// CPU; CUDA device memory must all be on one device.
-fn common_device(arrays: &[&Array]) -> Result<Device> {
-    let first = arrays[0].device();
-    if arrays.iter().all(|x| x.device().is_host_accessible()) {
+fn common_device<'a>(mut arrays: impl Iterator<Item = &'a Array> + Clone) -> Result<Device> {
+    let first = match arrays.clone().next() {
+        Some(x) => x.device(),
+        None => return Err(Error::invalid("internal: add without an array")),
+    };
+    if arrays.clone().all(|x| x.device().is_host_accessible()) {
         return Ok(Device::Cpu);
     }
-    match arrays.iter().find(|x| x.device() != first) {
+    match arrays.find(|x| x.device() != first) {
         Some(x) => Err(Error::DeviceMismatch {
             left: first.to_string(),
             right: x.device().to_string(),
@@ -319,6 +319,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("shape"));
+        // out has the inputs' broadcast shape, not one they broadcast to (a user's kernel
+        // broadcasts over its outputs too).
+        let wide = Array::zeros(&[2, 3], DType::Float32, Device::Cpu).unwrap();
+        let e = add(&f, &f, Some(&wide), None).unwrap_err().to_string();
+        assert!(
+            e.contains("out has shape (2, 3) but the result has shape (3,)"),
+            "{e}"
+        );
         let ro = f.with_readonly(true);
         assert!(matches!(
             add(&f, &f, Some(&ro), None),

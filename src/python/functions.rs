@@ -250,6 +250,7 @@ pub fn add(
         );
     }
     let device = x.device();
+    let small_host = small_host(&x, &y, out_array.as_ref());
     let run = || -> crate::error::Result<Array> {
         // The driver may wait on its own locks here: never with the GIL held.
         for &(producer, d) in &waits {
@@ -257,21 +258,12 @@ pub fn add(
                 crate::cuda::stream::order(kernel_stream, producer, n)?;
             }
         }
-        match &y {
-            Arg::Array(y) => ops::add(&x, y, out_array.as_ref(), Some(kernel_stream)),
-            &Arg::Value(v, _) => {
-                ops::add::add_scalar(&x, v, out_array.as_ref(), Some(kernel_stream))
-            }
-        }
+        ops::add::run([Arg::Array(x), y], out_array, Some(kernel_stream))
     };
     // A small loop on host memory runs with the GIL held: letting it go and taking it back
     // costs more than the loop (numpy keeps it for small arrays too). Everything else, CUDA
     // work above all, runs without it.
-    let result = if small_host(&x, &y, out_array.as_ref()) {
-        run()?
-    } else {
-        py.detach(run)?
-    };
+    let result = if small_host { run()? } else { py.detach(run)? };
     // Like numpy and torch, `out` itself is the result when given.
     Ok(match out {
         Some(o) => o.clone().unbind(),

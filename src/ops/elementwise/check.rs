@@ -36,11 +36,11 @@ fn elements_disjoint(a: &Array, b: &Array) -> bool {
 }
 
 /// Checks `out`, passed for an output of `shape` and `dtype` computed from `inputs`.
-pub(crate) fn check_out(
+pub(crate) fn check_out<'a>(
     out: &Array,
     shape: &[usize],
     dtype: DType,
-    inputs: &[&Array],
+    inputs: impl Iterator<Item = &'a Array>,
 ) -> Result<()> {
     if out.shape() != shape {
         return Err(Error::invalid(format!(

@@ -19,7 +19,7 @@ use crate::cuda::sys;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout::{broadcast_shapes, Layout};
+use crate::layout::{broadcast_shapes, Dims, Layout};
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
 pub use crate::ops::Arg;
@@ -189,19 +189,19 @@ impl ElementwiseKernel {
             dtypes: Vec::new(),
         };
         // Per parameter: the dtype of the array passed for it, and that of a scalar.
-        let mut given = Vec::with_capacity(nin + nout);
-        let mut scalars = vec![None; nin + nout];
+        let mut given: Dims<Option<DType>> = Dims::from_fn(nin + nout, |_| None);
+        let mut scalars = given.clone();
         for (k, arg) in inputs.iter().enumerate() {
             let (role, dtype) = call.input_role(k, arg)?;
             call.roles.push(role);
-            given.push(dtype);
+            given[k] = dtype;
             if let Arg::Value(v, d) = arg {
                 scalars[k] = Some(d.unwrap_or(v.default_dtype()));
             }
         }
         for (j, out) in outputs.iter().enumerate() {
             call.roles.push(call.output_role(j, out)?);
-            given.push(out.as_ref().map(|o| o.dtype()));
+            given[nin + j] = out.as_ref().map(|o| o.dtype());
         }
         call.dtypes = spec.bind(&given, &scalars)?;
         for (k, arg) in inputs.iter().enumerate() {
@@ -395,13 +395,18 @@ impl<'a> Call<'a> {
     }
 
     /// The loop's shape: the broadcast of every element operand, or `size` indices.
-    pub(crate) fn loop_shape(&self, size: Option<usize>) -> Result<Vec<usize>> {
-        let mut shape: Option<Vec<usize>> = None;
-        for a in self.elements().filter_map(|k| self.array(k)) {
+    /// A built-in op's result has its inputs' broadcast shape, which an output passed must have
+    /// (add's rule); a user's kernel broadcasts its outputs too, as CuPy's does.
+    pub(crate) fn loop_shape(&self, size: Option<usize>) -> Result<Dims<usize>> {
+        let exact = self.kernel.spec.rule == spec::Rule::Exact;
+        let nin = self.inputs.len();
+        let mut shape: Option<Dims<usize>> = None;
+        let shaping = self.elements().filter(|&k| exact || k < nin);
+        for a in shaping.filter_map(|k| self.array(k)) {
             shape = Some(match shape {
-                None => a.shape().to_vec(),
-                Some(s) if s == a.shape() => s,
-                Some(s) => broadcast_shapes(&s, a.shape())?,
+                None => Dims::from_slice(a.shape()),
+                Some(s) if *s == *a.shape() => s,
+                Some(s) => Dims::from_vec(broadcast_shapes(&s, a.shape())?),
             });
         }
         let name = &self.kernel.spec.name;
@@ -412,7 +417,7 @@ impl<'a> Call<'a> {
                 "{name}: size={size}, but the arrays broadcast to {} elements",
                 s.iter().product::<usize>()
             ))),
-            (None, Some(size)) => Ok(vec![size]),
+            (None, Some(size)) => Ok(Dims::from_slice(&[size])),
             (None, None) => Err(Error::invalid(format!(
                 "{name}: no array sets the number of indices; pass size="
             ))),
@@ -422,18 +427,18 @@ impl<'a> Call<'a> {
     /// Checks the outputs passed: element outputs as `add` checks `out`, raw ones writable.
     pub(crate) fn check_outputs(&self, shape: &[usize]) -> Result<()> {
         let nin = self.inputs.len();
-        let element_inputs: Vec<&Array> = self
-            .elements()
-            .filter(|&k| k < nin)
-            .filter_map(|k| self.array(k))
-            .collect();
+        let element_inputs = || {
+            self.elements()
+                .filter(|&k| k < nin)
+                .filter_map(|k| self.array(k))
+        };
         for (j, out) in self.outputs.iter().enumerate() {
             let (k, Some(out)) = (nin + j, out) else {
                 continue;
             };
             let name = &self.param(k).name;
             if self.roles[k] == Role::Element {
-                check::check_out(out, shape, self.dtypes[k], &element_inputs).map_err(|e| {
+                check::check_out(out, shape, self.dtypes[k], element_inputs()).map_err(|e| {
                     match self.kernel.spec.rule {
                         spec::Rule::Exact => name_error(e, name),
                         spec::Rule::Promote(_) => e,
@@ -526,7 +531,7 @@ mod tests {
         );
         assert_eq!(call.dtypes, [DType::Float32; 4]);
         assert_eq!(call.elements().collect::<Vec<_>>(), [0, 3]);
-        assert_eq!(call.loop_shape(None).unwrap(), [4, 3]);
+        assert_eq!(*call.loop_shape(None).unwrap(), [4, 3]);
         assert!(call.loop_shape(Some(5)).is_err());
         call.check_outputs(&[4, 3]).unwrap();
         assert!(call.check_outputs(&[4, 4]).is_err());
