@@ -66,9 +66,11 @@ def shipped_kernels() -> list[tuple[str, int]]:
 
 
 def loaded_programs() -> list[tuple[str, int]]:
-    """The kernels given as source (``ElementwiseKernel``, ``RawKernel``, and those of extension
-    modules built on the ``cubridge`` crate) loaded in this process so far, as ``(name, device)``
-    pairs. Each is compiled, or read from a cache, once per process and device."""
+    """The programs loaded in this process so far (``add``'s and device copies' kernels,
+    ``ElementwiseKernel``, ``RawKernel``, and those of extension modules built on the ``cubridge``
+    crate), as ``(name, device)`` pairs. An elementwise kernel, ``add`` among them, has one
+    program per dtype signature and loop variant that a call needed. Each is loaded (shipped,
+    read from a cache, or compiled) once per process and device."""
     return _cubridge.cuda_loaded_programs()
 
 
