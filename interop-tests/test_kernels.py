@@ -402,3 +402,36 @@ def test_raw_kernel_errors_and_stream_order():
         k(1, 32, (x, y, np.float32(2.0), np.int32(8)))
     torch.cuda.synchronize()
     assert (y == 6.0).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_a_call_loads_only_the_variant_it_runs():
+    """Each loop variant of a signature is a program of its own, loaded when a call first needs
+    it: a contiguous call loads the vector kernel alone, a transposed one the tiled kernel, a
+    strided one the strided kernel. add is an instance of the same engine."""
+    triple = cb.ElementwiseKernel("T x", "T z", "z = x * 3", "only_needed")
+
+    def loaded(prefix):
+        return sorted(n for n, _ in cb.cuda.loaded_programs() if n.startswith(prefix))
+
+    x = torch.arange(1024, dtype=torch.float32, device="cuda")
+    z = triple(x)
+    np.testing.assert_array_equal(torch.from_dlpack(z).cpu().numpy(), (x * 3).cpu().numpy())
+    assert loaded("only_needed_") == ["only_needed_float32_float32_vector32"]
+    t = x.view(32, 32).t()
+    z = triple(t)
+    np.testing.assert_array_equal(torch.from_dlpack(z).cpu().numpy(), (t * 3).cpu().numpy())
+    z = triple(x[::2])
+    np.testing.assert_array_equal(torch.from_dlpack(z).cpu().numpy(), (x[::2] * 3).cpu().numpy())
+    assert loaded("only_needed_") == [
+        "only_needed_float32_float32_strided32",
+        "only_needed_float32_float32_tiled32",
+        "only_needed_float32_float32_vector32",
+    ]
+    # add's programs: int8 + int32 ships no kernel (it compiles) and runs contiguous here.
+    a = torch.arange(100, dtype=torch.int8, device="cuda")
+    b = torch.arange(100, dtype=torch.int32, device="cuda")
+    r = cb.add(a, b)
+    np.testing.assert_array_equal(torch.from_dlpack(r).cpu().numpy(), (a + b).cpu().numpy())
+    assert len(loaded("add_int8_int32_int32_")) == 1
