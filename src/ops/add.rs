@@ -199,7 +199,7 @@ const ALL: [Variant; 4] = [
 
 /// The programs compiled ahead of time and shipped in the build (see
 /// [`crate::cuda::shipped`]): for every dtype with itself (so that no same-dtype first call
-/// compiles) and the promotions of [`SHIPPED_PAIRS`], add's kernels of every
+/// compiles) and float16 and bfloat16 with float32 and float64, add's kernels of every
 /// variant with 32-bit indices (64-bit ones serve only arrays past 2^31 elements), with a
 /// scalar second input, and the gather of device-side copies.
 pub fn shipped_programs() -> Result<Vec<Program>> {

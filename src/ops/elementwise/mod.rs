@@ -2,8 +2,8 @@
 //! syntax, see [`spec`]), compiled per call signature and loop variant with NVRTC, and run on
 //! arrays from any producer with numpy broadcasting, any strides, outputs written in place or
 //! allocated, on a given stream. Users' kernels are its instances, and so is `add`
-//! ([`crate::ops::add`]: its operation, its promotion rule and its scalar rule). A call is a
-//! chain of steps: bind the arguments ([`ElementwiseKernel::bind`]), broadcast, check, plan
+//! ([`mod@crate::ops::add`]: its operation, its promotion rule and its scalar rule). A call is a
+//! chain of steps: bind the arguments (`ElementwiseKernel::bind`), broadcast, check, plan
 //! ([`crate::ops::plan`]), load the variant's kernel, lay out its parameters and launch
 //! ([`params`]).
 

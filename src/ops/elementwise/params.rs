@@ -154,7 +154,7 @@ pub type Tiles<'a> = (&'a Array, Option<&'a Array>, crate::DType, &'a Array);
 
 /// How `function`, the kernel of `plan`'s variant and index width on device `ordinal`, is
 /// launched: the flat and strided variants in [`Plan::blocks`] blocks of [`BLOCK`] threads
-/// (the vector kernel moving packs of `width`), the tiled one as [`tiled_kernel`] says, over
+/// (the vector kernel moving packs of `width`), the tiled one as `tiled_kernel` says, over
 /// `tiles`, its operands.
 pub fn kernel(
     function: sys::CUfunction,

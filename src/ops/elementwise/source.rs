@@ -187,7 +187,7 @@ fn strided_ops(sig: &Signature) -> String {
 }
 
 /// The program of `spec` for `sig` that runs `variant` in the `index` width: the flat loops of
-/// `kernels/loops.cuh` over [`flat_ops`] or [`strided_ops`], or the tiled kernel
+/// `kernels/loops.cuh` over `flat_ops` or `strided_ops`, or the tiled kernel
 /// ([`tiled_program`]; `None` where the signature has none). Its one function is named after
 /// the kernel, the variant and the width; the program after the signature too (names are
 /// unique among shipped programs).
