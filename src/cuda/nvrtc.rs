@@ -260,28 +260,7 @@ pub fn compile_for(source: &str, name: &str, target: Target, extra: &[String]) -
     let file = format!("{name}.cu");
     let c_source = CString::new(source).map_err(|_| nul("the source"))?;
     let c_file = CString::new(file.as_str()).map_err(|_| nul("the name"))?;
-    let mut options: Vec<String> = vec![match target {
-        Target::Cubin(a) => format!("--gpu-architecture=sm_{a}"),
-        Target::Ptx(a) => format!("--gpu-architecture=compute_{a}"),
-    }];
-    for dir in include_dirs() {
-        options.push(format!("--include-path={dir}"));
-    }
-    // `-minimal` only speeds a compile up: an NVRTC that predates it compiles without it.
-    let minimal_known = version().is_some_and(|v| v >= (12, 4));
-    options.extend(
-        extra
-            .iter()
-            .filter(|o| minimal_known || o.as_str() != MINIMAL)
-            .cloned(),
-    );
-    // C++17 unless the caller chose a standard.
-    if !extra
-        .iter()
-        .any(|o| o.starts_with("--std") || o.starts_with("-std"))
-    {
-        options.push("--std=c++17".into());
-    }
+    let options = options_for(target, extra);
     if options.iter().any(|o| o.contains('\0')) {
         return Err(nul("an option"));
     }
@@ -291,50 +270,86 @@ pub fn compile_for(source: &str, name: &str, target: Target, extra: &[String]) -
     );
     // SAFETY: the program is live; no option holds a NUL (checked above).
     if let Err(e) = unsafe { result::compile_program(program.0, &options) } {
-        // SAFETY: the program is live.
-        let log = unsafe { result::get_program_log(program.0) }
-            .map(|raw| {
-                let bytes: Vec<u8> = raw
-                    .iter()
-                    .map(|&c| c as u8)
-                    .take_while(|&b| b != 0)
-                    .collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            })
-            .unwrap_or_else(|_| format!("{e:?}"));
-        return Err(Error::Compile {
-            kernel: name.to_string(),
-            code: Some(e.0),
-            log: with_source_lines(&log, &file, source),
-        });
+        return Err(compile_error(&program, e, name, &file, source));
     }
-    let fetch_failed = |e: result::NvrtcError| {
+    image_of(&program, target).map_err(|e| {
         failed(
             name,
             e,
             "NVRTC compiled the program but did not hand back its code: ",
         )
-    };
+    })
+}
+
+/// NVRTC's options for `target`: the architecture, the include folders, the caller's `extra`
+/// (less `-minimal` where this NVRTC predates it: it only speeds a compile up) and C++17 unless
+/// the caller chose a standard.
+fn options_for(target: Target, extra: &[String]) -> Vec<String> {
+    let mut options: Vec<String> = vec![match target {
+        Target::Cubin(a) => format!("--gpu-architecture=sm_{a}"),
+        Target::Ptx(a) => format!("--gpu-architecture=compute_{a}"),
+    }];
+    for dir in include_dirs() {
+        options.push(format!("--include-path={dir}"));
+    }
+    let minimal_known = version().is_some_and(|v| v >= (12, 4));
+    options.extend(
+        extra
+            .iter()
+            .filter(|o| minimal_known || o.as_str() != MINIMAL)
+            .cloned(),
+    );
+    if !extra
+        .iter()
+        .any(|o| o.starts_with("--std") || o.starts_with("-std"))
+    {
+        options.push("--std=c++17".into());
+    }
+    options
+}
+
+/// The compile error of a program NVRTC refused: its result code and log, with the source lines
+/// the log names.
+fn compile_error(
+    program: &Program,
+    e: result::NvrtcError,
+    name: &str,
+    file: &str,
+    source: &str,
+) -> Error {
+    // SAFETY: the program is live.
+    let log = unsafe { result::get_program_log(program.0) }
+        .map(|raw| {
+            let bytes: Vec<u8> = raw
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&b| b != 0)
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+        .unwrap_or_else(|_| format!("{e:?}"));
+    Error::Compile {
+        kernel: name.to_string(),
+        code: Some(e.0),
+        log: with_source_lines(&log, file, source),
+    }
+}
+
+/// The code of a compiled program: its cubin, or its PTX with the terminating NUL.
+fn image_of(program: &Program, target: Target) -> std::result::Result<Vec<u8>, result::NvrtcError> {
     match target {
         Target::Cubin(_) => {
             let mut size = 0usize;
             // SAFETY: the program is live and compiled; `size` is a valid out-pointer.
-            unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }
-                .result()
-                .map_err(fetch_failed)?;
+            unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }.result()?;
             let mut image = vec![0u8; size];
             // SAFETY: `image` has the `size` bytes NVRTC writes.
-            unsafe { sys::nvrtcGetCUBIN(program.0, image.as_mut_ptr().cast()) }
-                .result()
-                .map_err(fetch_failed)?;
+            unsafe { sys::nvrtcGetCUBIN(program.0, image.as_mut_ptr().cast()) }.result()?;
             Ok(image)
         }
-        Target::Ptx(_) => {
-            // SAFETY: the program is live and compiled.
-            let ptx = unsafe { result::get_ptx(program.0) }.map_err(fetch_failed)?;
-            // nvrtcGetPTX's text includes its terminating NUL.
-            Ok(ptx.into_iter().map(|c| c as u8).collect())
-        }
+        // SAFETY: the program is live and compiled; nvrtcGetPTX's text includes its NUL.
+        Target::Ptx(_) => unsafe { result::get_ptx(program.0) }
+            .map(|ptx| ptx.into_iter().map(|c| c as u8).collect()),
     }
 }
 

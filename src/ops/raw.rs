@@ -130,21 +130,7 @@ impl RawKernel {
         let launch = Launch::begin(device, stream)?;
         let function = self.function(launch.ordinal(), shared)?;
         launch.order(&arrays)?;
-        let mut params = Params::new();
-        for arg in args {
-            match arg {
-                Arg::Array(a) => params.push(a.data_ptr()),
-                Arg::Value(_, None) => {
-                    return Err(Error::invalid(
-                        "a raw kernel's value needs a dtype (its C type): pass a numpy scalar",
-                    ))
-                }
-                Arg::Value(v, Some(dtype)) => {
-                    crate::ops::create::check_value_kind(*v, *dtype, "a raw kernel")?;
-                    params.push_bytes(crate::cpu::copy::ElementBytes::new(*dtype, *v).as_bytes());
-                }
-            }
-        }
+        let mut params = raw_params(args)?;
         let mut pointers = params.pointers();
         // SAFETY: the parameters match the kernel's signature and it stays inside the arrays
         // (this function's contract); each array is passed as the device pointer of its first
@@ -164,6 +150,26 @@ impl RawKernel {
         };
         launch.finish(&[], &arrays)
     }
+}
+
+/// The kernel's parameters: each array's data pointer, each value's bytes in its dtype.
+fn raw_params(args: &[Arg]) -> Result<Params> {
+    let mut params = Params::new();
+    for arg in args {
+        match arg {
+            Arg::Array(a) => params.push(a.data_ptr()),
+            Arg::Value(_, None) => {
+                return Err(Error::invalid(
+                    "a raw kernel's value needs a dtype (its C type): pass a numpy scalar",
+                ))
+            }
+            Arg::Value(v, Some(dtype)) => {
+                crate::ops::create::check_value_kind(*v, *dtype, "a raw kernel")?;
+                params.push_bytes(crate::cpu::copy::ElementBytes::new(*dtype, *v).as_bytes());
+            }
+        }
+    }
+    Ok(params)
 }
 
 /// Refuses a launch configuration CUDA would refuse: an empty grid or block, more than 1024

@@ -388,8 +388,8 @@ mod tests {
         assert_eq!(tile_operands(&[Value, Element], 1, &[false]), None);
     }
 
-    #[test]
-    fn generates_the_operation_and_one_kernel_per_variant() {
+    /// `z = a * x + w[i]` over bfloat16 with a raw array and a float32 value.
+    fn axpy() -> (Spec, Signature) {
         let spec = Spec::new(
             "T x, raw T w, float32 a",
             "T z",
@@ -405,6 +405,12 @@ mod tests {
                 .collect(),
             roles: vec![Role::Element, Role::Raw, Role::Value, Role::Element],
         };
+        (spec, sig)
+    }
+
+    #[test]
+    fn generates_the_operation_and_one_kernel_per_variant() {
+        let (spec, sig) = axpy();
         assert_eq!(vector_width(&sig.dtypes, &sig.roles), 8);
         let part = |v, index| program(&spec, &sig, &[false], v, index).unwrap();
         let (flat, strided) = (
@@ -436,6 +442,16 @@ mod tests {
         assert!(flat
             .source
             .contains("cbt::vector<CbFlat, unsigned int>(CbFlat{{n}, p0, p1, p2, p3}, n); }"));
+    }
+
+    #[test]
+    fn names_each_program_by_signature_and_variant() {
+        let (spec, sig) = axpy();
+        let part = |v, index| program(&spec, &sig, &[false], v, index);
+        let (flat, strided) = (
+            part(Variant::Vector, Index::I32).unwrap(),
+            part(Variant::Strided, Index::I64).unwrap(),
+        );
         assert_eq!(flat.functions, ["axpy_vector32"]);
         assert_eq!(strided.functions, ["axpy_strided64"]);
         assert_eq!(
@@ -443,14 +459,7 @@ mod tests {
             "axpy_bfloat16_bfloat16_raw_float32_value_bfloat16_vector32"
         );
         // A raw array: no tiled kernel.
-        assert!(program(
-            &spec,
-            &sig,
-            &[false],
-            Variant::Tiled { mask: 1 },
-            Index::I32
-        )
-        .is_none());
+        assert!(part(Variant::Tiled { mask: 1 }, Index::I32).is_none());
     }
 }
 
@@ -469,6 +478,14 @@ mod compile_tests {
         (Variant::Strided, Index::I32),
         (Variant::Strided, Index::I64),
     ];
+
+    /// Compiles `p` for sm_80, panicking with the source where NVRTC refuses it.
+    fn compiles(p: &Program, what: impl std::fmt::Display) {
+        let key = format!("test_{}_{}", p.name, std::process::id());
+        if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
+            panic!("{what}: {e}\n{}", p.source);
+        }
+    }
 
     #[test]
     fn generated_programs_compile() {
@@ -495,14 +512,17 @@ mod compile_tests {
                 ],
             };
             for (v, index) in VARIANTS {
-                let p = program(&spec, &sig, &[false, true], v, index).unwrap();
-                let key = format!("test_gen_{d}_{}", std::process::id());
-                if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
-                    panic!("{d}: {e}\n{}", p.source);
-                }
+                compiles(&program(&spec, &sig, &[false, true], v, index).unwrap(), d);
             }
         }
-        // Complex operands take the operators and functions users write.
+    }
+
+    /// Complex operands take the operators and functions users write.
+    #[test]
+    fn complex_operations_compile() {
+        if !crate::cuda::nvrtc::test_dir("generated kernels") {
+            return;
+        }
         let complex = Spec::new(
             "T x, T y",
             "T z",
@@ -517,13 +537,19 @@ mod compile_tests {
                 dtypes: vec![d; 3],
                 roles: vec![Role::Element; 3],
             };
-            let p = program(&complex, &sig, &[false], Variant::Vector, Index::I32).unwrap();
-            let key = format!("test_complex_{d}_{}", std::process::id());
-            if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
-                panic!("{d}: {e}\n{}", p.source);
-            }
+            compiles(
+                &program(&complex, &sig, &[false], Variant::Vector, Index::I32).unwrap(),
+                d,
+            );
         }
-        // The tiled kernels: two inputs with a scalar between them, and one input.
+    }
+
+    /// The tiled kernels: two inputs with a scalar between them, and one input.
+    #[test]
+    fn tiled_programs_compile() {
+        if !crate::cuda::nvrtc::test_dir("generated kernels") {
+            return;
+        }
         let two = Spec::new("T x, T a, T y", "T z", "z = x * a + y", "two", "").unwrap();
         let one = Spec::new("T x", "T z", "z = x + x", "one", "").unwrap();
         for d in DType::ALL {
@@ -542,10 +568,7 @@ mod compile_tests {
                 }
                 for index in [Index::I32, Index::I64] {
                     let p = tiled_program(spec, sig, &[false], index).expect("a tiled signature");
-                    let key = format!("test_tiled_{}_{d}_{}", spec.name, std::process::id());
-                    if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &[]) {
-                        panic!("{d}: {e}\n{}", p.source);
-                    }
+                    compiles(&p, d);
                 }
             }
         }

@@ -32,36 +32,23 @@ fn is_f_contiguous(array: &Array) -> bool {
     true
 }
 
-/// Fills `view` for `array` as `bf_getbuffer` must.
-///
-/// # Safety
-/// `view` is the non-null `Py_buffer` CPython passed to `bf_getbuffer`; `owner` is the Python
-/// object whose buffer is requested and owns `array`.
-pub unsafe fn fill(
-    owner: &Bound<'_, PyAny>,
-    array: &Array,
-    view: *mut ffi::Py_buffer,
-    flags: c_int,
-) -> PyResult<()> {
-    if view.is_null() {
-        return Err(Error::export("NULL Py_buffer").into());
-    }
+/// The buffer format of `array`, where a buffer request with `flags` can be served: the host
+/// reads it, its dtype has a format, and it is as writable and contiguous as asked.
+fn exportable(array: &Array, flags: c_int) -> Result<&'static str, Error> {
     if !array.device().is_host_accessible() {
         return Err(Error::export(format!(
             "an array on {} has no buffer protocol (the host cannot read it); use DLPack",
             array.device()
-        ))
-        .into());
+        )));
     }
     let Some(format) = array.dtype().buffer_format() else {
         return Err(Error::export(format!(
             "{} has no buffer-protocol format; use DLPack",
             array.dtype()
-        ))
-        .into());
+        )));
     };
     if has(flags, ffi::PyBUF_WRITABLE) && array.readonly() {
-        return Err(Error::export("the array is read-only").into());
+        return Err(Error::export("the array is read-only"));
     }
     let c = array.layout().is_contiguous();
     let f = is_f_contiguous(array);
@@ -77,9 +64,26 @@ pub unsafe fn fill(
     if !contiguity_ok {
         return Err(Error::export(
             "the array is not contiguous in the way the buffer request needs",
-        )
-        .into());
+        ));
     }
+    Ok(format)
+}
+
+/// Fills `view` for `array` as `bf_getbuffer` must.
+///
+/// # Safety
+/// `view` is the non-null `Py_buffer` CPython passed to `bf_getbuffer`; `owner` is the Python
+/// object whose buffer is requested and owns `array`.
+pub unsafe fn fill(
+    owner: &Bound<'_, PyAny>,
+    array: &Array,
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+) -> PyResult<()> {
+    if view.is_null() {
+        return Err(Error::export("NULL Py_buffer").into());
+    }
+    let format = exportable(array, flags)?;
     let itemsize = array.dtype().itemsize() as isize;
     let mut dims: Vec<isize> = array.shape().iter().map(|&d| d as isize).collect();
     dims.extend(array.strides().iter().map(|&s| s * itemsize));

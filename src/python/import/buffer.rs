@@ -72,9 +72,9 @@ fn element_strides(
     Ok(true)
 }
 
-/// A zero-copy view of a buffer-protocol object, or `None` if it has no buffer protocol. The view
-/// holds the buffer (and so the object) until the last array over it goes.
-pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
+/// The object's buffer (`PyBUF_FULL_RO`), held until the box is dropped; `None` where the
+/// object has no buffer protocol (the `TypeError` CPython raises for that).
+fn get_buffer(obj: &Bound<'_, PyAny>) -> PyResult<Option<Box<HeldBuffer>>> {
     let py = obj.py();
     let mut held = Box::new(HeldBuffer {
         // SAFETY: Py_buffer is a plain C struct; all-zero is a valid "unfilled" state.
@@ -93,20 +93,15 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
         };
     }
     held.filled = true;
-    let v = &held.view;
-    let ndim = usize::try_from(v.ndim).unwrap_or(usize::MAX);
-    if ndim > crate::layout::MAX_NDIM {
-        return Err(Error::invalid(format!("buffer ndim {} is out of range", v.ndim)).into());
-    }
-    let itemsize = usize::try_from(v.itemsize)
-        .ok()
-        .filter(|&i| i > 0)
-        .ok_or_else(|| Error::invalid(format!("buffer itemsize {} is invalid", v.itemsize)))?;
+    Ok(Some(held))
+}
+
+/// A filled view's shape, refusing indirect (suboffset) buffers.
+fn direct_dims(v: &ffi::Py_buffer, ndim: usize) -> Result<&[isize], Error> {
     if ndim > 0 && v.shape.is_null() {
-        return Err(Error::invalid("buffer has dimensions but no shape").into());
+        return Err(Error::invalid("buffer has dimensions but no shape"));
     }
-    // A filled Py_buffer's shape, strides and suboffsets, where non-NULL, hold `ndim` entries,
-    // and its format, where non-NULL, is a C string.
+    // A filled Py_buffer's shape and suboffsets, where non-NULL, hold `ndim` entries.
     let dims: &[isize] = if ndim == 0 {
         &[]
     } else {
@@ -120,8 +115,29 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
         unsafe { std::slice::from_raw_parts(v.suboffsets, ndim) }
     };
     if suboffsets.iter().any(|&o| o >= 0) {
-        return Err(Error::invalid("indirect (PIL-style) buffers are not supported").into());
+        return Err(Error::invalid(
+            "indirect (PIL-style) buffers are not supported",
+        ));
     }
+    Ok(dims)
+}
+
+/// A zero-copy view of a buffer-protocol object, or `None` if it has no buffer protocol. The view
+/// holds the buffer (and so the object) until the last array over it goes.
+pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
+    let Some(held) = get_buffer(obj)? else {
+        return Ok(None);
+    };
+    let v = &held.view;
+    let ndim = usize::try_from(v.ndim).unwrap_or(usize::MAX);
+    if ndim > crate::layout::MAX_NDIM {
+        return Err(Error::invalid(format!("buffer ndim {} is out of range", v.ndim)).into());
+    }
+    let itemsize = usize::try_from(v.itemsize)
+        .ok()
+        .filter(|&i| i > 0)
+        .ok_or_else(|| Error::invalid(format!("buffer itemsize {} is invalid", v.itemsize)))?;
+    let dims = direct_dims(v, ndim)?;
     let dtype = format_dtype(v, itemsize)?;
     // Shape and element strides on the stack for up to 8 dimensions.
     let (mut shape_buf, mut strides_buf) = ([0i64; 8], [0i64; 8]);
