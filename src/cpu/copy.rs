@@ -6,8 +6,8 @@ use crate::dtype::DType;
 use crate::layout::Coalesced;
 use half::{bf16, f16};
 
-type Read = unsafe fn(*const u8) -> Scalar;
-type Write = unsafe fn(*mut u8, Scalar);
+type ReadFn = unsafe fn(*const u8) -> Scalar;
+type WriteFn = unsafe fn(*mut u8, Scalar);
 
 /// # Safety
 /// `p` points to a valid, aligned `T`.
@@ -23,10 +23,10 @@ unsafe fn write<T: Element>(p: *mut u8, v: Scalar) {
     unsafe { (p as *mut T).write(T::from_scalar(v)) }
 }
 
-fn accessors(d: DType) -> (Read, Write) {
+fn accessors(d: DType) -> (ReadFn, WriteFn) {
     macro_rules! pick {
         ($($D:ident => $t:ty),*) => {
-            match d { $(DType::$D => (read::<$t> as Read, write::<$t> as Write),)* }
+            match d { $(DType::$D => (read::<$t> as ReadFn, write::<$t> as WriteFn),)* }
         };
     }
     pick!(Bool => bool, Int8 => i8, Int16 => i16, Int32 => i32, Int64 => i64, UInt8 => u8,

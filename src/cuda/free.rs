@@ -118,7 +118,7 @@ struct Job {
     uses: Uses,
 }
 
-struct Queue {
+struct FreeQueue {
     jobs: Vec<Job>,
     /// The thread is working on jobs it took.
     busy: bool,
@@ -126,7 +126,7 @@ struct Queue {
     running: bool,
 }
 
-static QUEUE: Mutex<Queue> = Mutex::new(Queue {
+static QUEUE: Mutex<FreeQueue> = Mutex::new(FreeQueue {
     jobs: Vec::new(),
     busy: false,
     running: false,
@@ -134,7 +134,7 @@ static QUEUE: Mutex<Queue> = Mutex::new(Queue {
 static WORK: Condvar = Condvar::new();
 static IDLE: Condvar = Condvar::new();
 
-fn queue() -> MutexGuard<'static, Queue> {
+fn queue() -> MutexGuard<'static, FreeQueue> {
     QUEUE.lock().unwrap_or_else(|p| p.into_inner())
 }
 

@@ -243,9 +243,9 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
 }
 
 /// Closes an NVRTC program when dropped.
-struct Program(sys::nvrtcProgram);
+struct NvrtcProgram(sys::nvrtcProgram);
 
-impl Drop for Program {
+impl Drop for NvrtcProgram {
     fn drop(&mut self) {
         // SAFETY: the program was created by nvrtcCreateProgram and is destroyed once, here.
         let _ = unsafe { result::destroy_program(self.0) };
@@ -264,7 +264,7 @@ pub fn compile_for(source: &str, name: &str, target: Target, extra: &[String]) -
     if options.iter().any(|o| o.contains('\0')) {
         return Err(nul("an option"));
     }
-    let program = Program(
+    let program = NvrtcProgram(
         result::create_program(&c_source, Some(&c_file))
             .map_err(|e| failed(name, e, "NVRTC could not create the program: "))?,
     );
@@ -311,7 +311,7 @@ fn options_for(target: Target, extra: &[String]) -> Vec<String> {
 /// The compile error of a program NVRTC refused: its result code and log, with the source lines
 /// the log names.
 fn compile_error(
-    program: &Program,
+    program: &NvrtcProgram,
     e: result::NvrtcError,
     name: &str,
     file: &str,
@@ -336,7 +336,10 @@ fn compile_error(
 }
 
 /// The code of a compiled program: its cubin, or its PTX with the terminating NUL.
-fn image_of(program: &Program, target: Target) -> std::result::Result<Vec<u8>, result::NvrtcError> {
+fn image_of(
+    program: &NvrtcProgram,
+    target: Target,
+) -> std::result::Result<Vec<u8>, result::NvrtcError> {
     match target {
         Target::Cubin(_) => {
             let mut size = 0usize;

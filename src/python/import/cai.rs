@@ -2,7 +2,7 @@
 //! CuPy's, Numba's and PyTorch's device arrays without copying, and the stream a v3 producer
 //! names.
 
-use super::dlpack::{type_facts, Exchanged, Table};
+use super::dlpack::{type_facts, Exchanged, TableUse};
 use super::{is_numpy_ndarray, Imported};
 use crate::array::Array;
 use crate::cuda::{memory, stream as cs};
@@ -28,7 +28,7 @@ pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
     }
     let facts = type_facts(obj);
     // DLPack producers take DLPack: for CuPy, its export costs less than its interface dict.
-    if !facts.cai || facts.dlpack || facts.immutable || facts.table == Table::Usable {
+    if !facts.cai || facts.dlpack || facts.immutable || facts.table == TableUse::Usable {
         return None;
     }
     let described = describe(obj).ok()??;

@@ -44,7 +44,7 @@ pub fn exchanged(
         return None;
     }
     let facts = type_facts(obj);
-    if facts.table != Table::Usable {
+    if facts.table != TableUse::Usable {
         return None;
     }
     let lent = match use_ {
@@ -114,7 +114,7 @@ pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
 
 /// What `obj`'s type publishes of a DLPack C exchange table.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Table {
+pub(super) enum TableUse {
     /// None at all (the type names no `__dlpack_c_exchange_api__`).
     Absent,
     /// A valid capsule, set by the same class that implements `__dlpack__`: the table may stand
@@ -126,13 +126,13 @@ pub(super) enum Table {
     Unusable,
 }
 
-/// What cubridge needs to know of a producer's type: its [`Table`], whether the type defines
+/// What cubridge needs to know of a producer's type: its [`TableUse`], whether the type defines
 /// `__dlpack__` and `__cuda_array_interface__`, whether it is CuPy's, whether its instances may
 /// require grad (torch's tensors: the instance is
 /// asked), whether its arrays are immutable (JAX's), and whether it is a numpy scalar type.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct TypeFacts {
-    pub(super) table: Table,
+    pub(super) table: TableUse,
     /// The address of a usable table ([`super::exchange::table_of`]), else 0.
     api: usize,
     /// The type has `__dlpack__`.
@@ -148,8 +148,8 @@ pub(super) struct TypeFacts {
     pub(super) numpy_scalar: bool,
 }
 
-/// `obj`'s type's [`Table`].
-fn exchange_table(obj: &Bound<'_, PyAny>) -> Table {
+/// `obj`'s type's [`TableUse`].
+fn exchange_table(obj: &Bound<'_, PyAny>) -> TableUse {
     type_facts(obj).table
 }
 
@@ -171,11 +171,11 @@ pub(super) fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
         .hasattr(pyo3::intern!(obj.py(), "__dlpack_c_exchange_api__"))
         .unwrap_or(false)
     {
-        Table::Absent
+        TableUse::Absent
     } else if table_belongs_to_protocol(&ty).unwrap_or(false) {
-        Table::Usable
+        TableUse::Usable
     } else {
-        Table::Unusable
+        TableUse::Unusable
     };
     let py = obj.py();
     let dlpack = ty.hasattr(pyo3::intern!(py, "__dlpack__")).unwrap_or(false);
@@ -199,7 +199,7 @@ pub(super) fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
         .ok()
         .flatten()
         .is_some_and(|g| ty.is_subclass(g).unwrap_or(false));
-    let api = if table == Table::Usable {
+    let api = if table == TableUse::Usable {
         super::exchange::table_of(&ty)
     } else {
         0
@@ -385,7 +385,7 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
         if is_capsule(obj) {
             return Ok((dlpark_import(obj.as_borrowed(), None, None)?, None));
         }
-        if table != Table::Usable {
+        if table != TableUse::Usable {
             let (capsule, announced) = protocol_capsule(obj, consumer, true)?;
             return Ok((dlpark_import(capsule.as_borrowed(), None, None)?, announced));
         }
@@ -430,7 +430,7 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
     if let Some(announced) = announced {
         check_announced(announced, array.device())?;
     }
-    if table != Table::Absent {
+    if table != TableUse::Absent {
         if let Some(refusal) = lazy_sign(obj, array.dtype().kind() == Kind::Complex) {
             return Err(refusal);
         }

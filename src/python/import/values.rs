@@ -65,7 +65,7 @@ pub fn widest(a: DType, b: DType) -> DType {
 
 /// One element of a nested sequence: its value, and its dtype when it is a numpy scalar (or a
 /// 0-d numpy array).
-type Element = (Scalar, Option<DType>);
+type Item = (Scalar, Option<DType>);
 
 /// Builds a new array from a Python scalar or a nested list/tuple of scalars. Without a
 /// `dtype`, see [`infer_dtype`]; with one, each value is converted as numpy builds an array
@@ -109,7 +109,7 @@ pub fn from_sequence(
 /// uint64 when none is negative. With numpy scalars among them, numpy's own inference: each
 /// numpy scalar keeps its dtype, Python values count as numpy's defaults (int64, float64,
 /// complex128), and all meet in [`DType::result_type`] (`[numpy.float64(0.1)]` stays float64).
-pub fn infer_dtype(values: &[Element]) -> Result<DType, Error> {
+pub fn infer_dtype(values: &[Item]) -> Result<DType, Error> {
     let python = |v: Scalar| match v {
         Scalar::Int(i) if i > i128::from(i64::MAX) => DType::UInt64,
         Scalar::Float(_) => DType::Float64,
@@ -198,7 +198,7 @@ pub(super) fn numpy_generic(py: Python<'_>) -> PyResult<Option<&Bound<'_, pyo3::
 
 /// A numpy scalar (`np.float64(1.0)`, `np.int8(3)`, a 0-d array) as its value and dtype, for
 /// the elements of a nested sequence, which numpy accepts too.
-fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Element>> {
+fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Item>> {
     let py = obj.py();
     let from_numpy = obj
         .get_type()
@@ -219,7 +219,7 @@ fn flatten(
     obj: &Bound<'_, PyAny>,
     depth: usize,
     shape: &mut Vec<usize>,
-    values: &mut Vec<Element>,
+    values: &mut Vec<Item>,
 ) -> PyResult<()> {
     let scalar = match python_scalar(obj)? {
         Some(v) => Some((v, None)),
