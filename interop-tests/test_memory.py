@@ -196,6 +196,8 @@ def test_memory_is_not_reused_while_a_consumer_still_reads_it(how):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_allocating_adds_and_zeros_keep_memory_flat_and_empty_cache_gives_it_back():
+    """mem_info() is the whole device's free memory: run this test with the GPU to itself (not
+    beside other pytest-xdist workers, whose allocations it would count)."""
     x = torch.ones(1 << 16, device="cuda")
     y = torch.full((1 << 16,), 2.0, device="cuda")
     for _ in range(1000):
