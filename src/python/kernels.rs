@@ -86,26 +86,9 @@ impl PyElementwiseKernel {
         let _restore = crate::cuda::context::Restore::new();
         let _later = crate::cuda::release::DropLater::new();
         let spec = self.inner.spec();
-        let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
+        let nin = spec.inputs.len();
         let args: Vec<Bound<'_, PyAny>> = args.iter().collect();
-        let outs = if args.len() == nin + nout {
-            if out.is_some_and(|o| !o.is_none()) {
-                return Err(
-                    Error::wrong_type("outputs given both positionally and as out=").into(),
-                );
-            }
-            args[nin..].iter().map(|o| Some(o.clone())).collect()
-        } else if args.len() == nin {
-            out_objects(out, nout)?
-        } else {
-            return Err(Error::wrong_type(format!(
-                "{} takes {nin} input(s), optionally followed by its {nout} output(s); got {} \
-                 argument(s)",
-                spec.name,
-                args.len()
-            ))
-            .into());
-        };
+        let outs = outputs_passed(spec, &args, out)?;
         let explicit = super::stream::parse(stream)?;
         let objs: Vec<Option<&Bound<'_, PyAny>>> = args[..nin]
             .iter()
@@ -132,23 +115,57 @@ impl PyElementwiseKernel {
             // beyond its parameters.
             unsafe { self.inner.call(&inputs, &outputs, operands.stream, size) }
         })?;
-        // Outputs given are returned as themselves (like numpy's out=); new ones as arrays.
-        let back = |given: Option<Bound<'_, PyAny>>, result| -> PyResult<Py<PyAny>> {
+        returned(py, outs, results)
+    }
+}
+
+/// The output objects a call passed, positionally after the inputs or as `out=` (`None` for
+/// each output to allocate).
+fn outputs_passed<'py>(
+    spec: &crate::ops::elementwise::spec::Spec,
+    args: &[Bound<'py, PyAny>],
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+    let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
+    if args.len() == nin + nout {
+        if out.is_some_and(|o| !o.is_none()) {
+            return Err(Error::wrong_type("outputs given both positionally and as out=").into());
+        }
+        Ok(args[nin..].iter().map(|o| Some(o.clone())).collect())
+    } else if args.len() == nin {
+        out_objects(out, nout)
+    } else {
+        Err(Error::wrong_type(format!(
+            "{} takes {nin} input(s), optionally followed by its {nout} output(s); got {} \
+             argument(s)",
+            spec.name,
+            args.len()
+        ))
+        .into())
+    }
+}
+
+/// What a call returns: outputs given as themselves (like numpy's `out=`), new ones as arrays;
+/// one output alone, several as a tuple.
+fn returned(
+    py: Python<'_>,
+    outs: Vec<Option<Bound<'_, PyAny>>>,
+    results: Vec<crate::Array>,
+) -> PyResult<Py<PyAny>> {
+    let mut all = outs
+        .into_iter()
+        .zip(results)
+        .map(|(given, result)| -> PyResult<Py<PyAny>> {
             Ok(match given {
                 Some(o) => o.unbind(),
                 None => Bound::new(py, PyArray::new(result))?.into_any().unbind(),
             })
-        };
-        let mut pairs = outs.into_iter().zip(results);
-        if nout == 1 {
-            let (given, result) = pairs.next().expect("one output, one result");
-            return back(given, result);
-        }
-        let all = pairs
-            .map(|(given, result)| back(given, result))
-            .collect::<PyResult<Vec<_>>>()?;
-        Ok(PyTuple::new(py, all)?.into_any().unbind())
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    if all.len() == 1 {
+        return Ok(all.remove(0));
     }
+    Ok(PyTuple::new(py, all)?.into_any().unbind())
 }
 
 /// A CUDA kernel from source, launched on arrays of any producer.

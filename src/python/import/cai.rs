@@ -36,10 +36,7 @@ pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
         return None;
     }
     Some(Exchanged {
-        imported: Imported {
-            array: described.array,
-            copied: false,
-        },
+        imported: Imported::zero_copy(described.array),
         stream: described.stream,
     })
 }

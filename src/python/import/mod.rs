@@ -32,6 +32,16 @@ pub struct Imported {
     pub copied: bool,
 }
 
+impl Imported {
+    /// The producer's own memory, not a copy.
+    pub fn zero_copy(array: Array) -> Imported {
+        Imported {
+            array,
+            copied: false,
+        }
+    }
+}
+
 fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
     // Producers define `__dlpack__` on their type (answered from the per-type cache, without
     // making a bound method); an instance attribute of that name is looked up as well.
@@ -53,10 +63,7 @@ fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
 /// dtypes cubridge has not (datetime64, bytes_, ...) among them.
 pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     if let Ok(a) = obj.cast::<PyArray>() {
-        return Ok(Imported {
-            array: a.get().inner.clone(),
-            copied: false,
-        });
+        return Ok(Imported::zero_copy(a.get().inner.clone()));
     }
     if is_numpy_ndarray(obj) {
         return import_any(obj, consumer, use_);
@@ -132,69 +139,30 @@ fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
         // managed tensor and a deleter per call). Whatever neither describes (bfloat16,
         // byte-swapped or structured dtypes) takes the DLPack path below, with its own answer.
         if let Some(array) = ndarray::import(obj) {
-            return Ok(Imported {
-                array,
-                copied: false,
-            });
+            return Ok(Imported::zero_copy(array));
         }
         if let Ok(Some(array)) = buffer::import(obj) {
-            return Ok(Imported {
-                array,
-                copied: false,
-            });
+            return Ok(Imported::zero_copy(array));
         }
     }
     if is_capsule(obj) || has_dlpack(obj) {
-        match import_dlpack(obj, consumer, use_) {
-            Ok(imported) => return Ok(imported),
-            // A producer whose DLPack export fails or is malformed (BufferError: for example a
-            // read-only numpy array under the legacy ABI; ValueError: a descriptor cubridge
-            // rejects, such as CuPy's negative strides, which it mangles in DLPack) may describe
-            // the same memory correctly through the CUDA array interface or the buffer protocol.
-            // Those are tried; if neither serves, the DLPack error stands, unless the array's
-            // dtype is what cubridge cannot read (numpy's big-endian, structured, object, string
-            // and datetime arrays): that is a TypeError, as for any unsupported dtype.
+        return match import_dlpack(obj, consumer, use_) {
+            Ok(imported) => Ok(imported),
             Err(e)
                 if !is_capsule(obj)
                     && (e.is_instance_of::<PyBufferError>(obj.py())
                         || e.is_instance_of::<PyValueError>(obj.py())) =>
             {
-                if let Ok(Some(array)) = cai::import(obj, consumer, use_) {
-                    return Ok(Imported {
-                        array,
-                        copied: false,
-                    });
-                }
-                match buffer::import(obj) {
-                    Ok(Some(array)) => {
-                        return Ok(Imported {
-                            array,
-                            copied: false,
-                        })
-                    }
-                    Err(unreadable) if unreadable.is_instance_of::<PyTypeError>(obj.py()) => {
-                        return Err(unreadable)
-                    }
-                    _ => {}
-                }
-                return Err(unsupported_dtype(obj)
-                    .or_else(|| not_a_capsule(obj))
-                    .unwrap_or(e));
+                after_refused_dlpack(obj, consumer, use_, e)
             }
-            Err(e) => return Err(e),
-        }
+            Err(e) => Err(e),
+        };
     }
     if let Some(array) = cai::import(obj, consumer, use_)? {
-        return Ok(Imported {
-            array,
-            copied: false,
-        });
+        return Ok(Imported::zero_copy(array));
     }
     if let Some(array) = buffer::import(obj)? {
-        return Ok(Imported {
-            array,
-            copied: false,
-        });
+        return Ok(Imported::zero_copy(array));
     }
     Err(Error::wrong_type(format!(
         "cubridge cannot read a {}: it needs __dlpack__, a DLPack capsule, \
@@ -202,6 +170,34 @@ fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
         obj.get_type().name()?
     ))
     .into())
+}
+
+/// A producer whose DLPack export failed or was malformed (`refusal`: BufferError, for example a
+/// read-only numpy array under the legacy ABI; ValueError, a descriptor cubridge rejects, such as
+/// CuPy's negative strides, which it mangles in DLPack) may describe the same memory correctly
+/// through the CUDA array interface or the buffer protocol. Those are tried; if neither serves,
+/// the DLPack error stands, unless the array's dtype is what cubridge cannot read (numpy's
+/// big-endian, structured, object, string and datetime arrays): that is a TypeError, as for any
+/// unsupported dtype.
+fn after_refused_dlpack(
+    obj: &Bound<'_, PyAny>,
+    consumer: Stream,
+    use_: Use,
+    refusal: PyErr,
+) -> PyResult<Imported> {
+    if let Ok(Some(array)) = cai::import(obj, consumer, use_) {
+        return Ok(Imported::zero_copy(array));
+    }
+    match buffer::import(obj) {
+        Ok(Some(array)) => return Ok(Imported::zero_copy(array)),
+        Err(unreadable) if unreadable.is_instance_of::<PyTypeError>(obj.py()) => {
+            return Err(unreadable)
+        }
+        _ => {}
+    }
+    Err(unsupported_dtype(obj)
+        .or_else(|| not_a_capsule(obj))
+        .unwrap_or(refusal))
 }
 
 /// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise).
