@@ -19,8 +19,9 @@ pub enum Kind {
     Complex,
 }
 
-/// An element type that cubridge can hold, exchange and compute on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// An element type that cubridge can hold, exchange and compute on. The default is float32,
+/// the Array API's default floating dtype.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum DType {
     /// 8-bit boolean (0 or 1).
     Bool,
@@ -45,6 +46,7 @@ pub enum DType {
     /// bfloat16 (8-bit exponent, 7-bit mantissa).
     BFloat16,
     /// IEEE 754 single precision.
+    #[default]
     Float32,
     /// IEEE 754 double precision.
     Float64,

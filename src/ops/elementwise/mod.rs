@@ -185,22 +185,22 @@ impl ElementwiseKernel {
             kernel: self,
             inputs,
             outputs,
-            roles: Vec::with_capacity(nin + nout),
-            dtypes: Vec::new(),
+            roles: Dims::from_fn(nin + nout, |_| Role::Element),
+            dtypes: Dims::from_fn(0, |_| DType::default()),
         };
         // Per parameter: the dtype of the array passed for it, and that of a scalar.
         let mut given: Dims<Option<DType>> = Dims::from_fn(nin + nout, |_| None);
         let mut scalars = given.clone();
         for (k, arg) in inputs.iter().enumerate() {
             let (role, dtype) = call.input_role(k, arg)?;
-            call.roles.push(role);
+            call.roles[k] = role;
             given[k] = dtype;
             if let Arg::Value(v, d) = arg {
                 scalars[k] = Some(d.unwrap_or(v.default_dtype()));
             }
         }
         for (j, out) in outputs.iter().enumerate() {
-            call.roles.push(call.output_role(j, out)?);
+            call.roles[nin + j] = call.output_role(j, out)?;
             given[nin + j] = out.as_ref().map(|o| o.dtype());
         }
         call.dtypes = spec.bind(&given, &scalars)?;
@@ -278,7 +278,7 @@ impl ElementwiseKernel {
     fn function(&self, ordinal: u32, call: &Call<'_>, plan: &Plan) -> Result<sys::CUfunction> {
         let k = slot(plan.variant, plan.index);
         let same = |o: &u32, sig: &Signature| {
-            *o == ordinal && sig.dtypes == call.dtypes && sig.roles == call.roles
+            *o == ordinal && sig.dtypes[..] == call.dtypes[..] && sig.roles[..] == call.roles[..]
         };
         if let Some((o, sig, slots)) = &*self.last.lock().unwrap_or_else(|p| p.into_inner()) {
             if same(o, sig) && slots[k] != 0 {
@@ -286,8 +286,8 @@ impl ElementwiseKernel {
             }
         }
         let sig = Signature {
-            dtypes: call.dtypes.clone(),
-            roles: call.roles.clone(),
+            dtypes: call.dtypes.to_vec(),
+            roles: call.roles.to_vec(),
         };
         let key = (ordinal, sig);
         let loaded = |key| {
@@ -321,9 +321,9 @@ pub(crate) struct Call<'a> {
     inputs: &'a [Arg],
     outputs: &'a [Option<Array>],
     /// Per parameter: element, value or raw.
-    roles: Vec<Role>,
+    roles: Dims<Role>,
     /// Per parameter: its dtype.
-    pub(crate) dtypes: Vec<DType>,
+    pub(crate) dtypes: Dims<DType>,
 }
 
 impl<'a> Call<'a> {
@@ -397,16 +397,16 @@ impl<'a> Call<'a> {
     /// The loop's shape: the broadcast of every element operand, or `size` indices.
     /// A built-in op's result has its inputs' broadcast shape, which an output passed must have
     /// (add's rule); a user's kernel broadcasts its outputs too, as CuPy's does.
-    pub(crate) fn loop_shape(&self, size: Option<usize>) -> Result<Dims<usize>> {
+    pub(crate) fn loop_shape(&self, size: Option<usize>) -> Result<Cow<'a, [usize]>> {
         let exact = self.kernel.spec.rule == spec::Rule::Exact;
         let nin = self.inputs.len();
-        let mut shape: Option<Dims<usize>> = None;
+        let mut shape: Option<Cow<'a, [usize]>> = None;
         let shaping = self.elements().filter(|&k| exact || k < nin);
         for a in shaping.filter_map(|k| self.array(k)) {
             shape = Some(match shape {
-                None => Dims::from_slice(a.shape()),
+                None => Cow::Borrowed(a.shape()),
                 Some(s) if *s == *a.shape() => s,
-                Some(s) => Dims::from_vec(broadcast_shapes(&s, a.shape())?),
+                Some(s) => Cow::Owned(broadcast_shapes(&s, a.shape())?),
             });
         }
         let name = &self.kernel.spec.name;
@@ -417,7 +417,7 @@ impl<'a> Call<'a> {
                 "{name}: size={size}, but the arrays broadcast to {} elements",
                 s.iter().product::<usize>()
             ))),
-            (None, Some(size)) => Ok(Dims::from_slice(&[size])),
+            (None, Some(size)) => Ok(Cow::Owned(vec![size])),
             (None, None) => Err(Error::invalid(format!(
                 "{name}: no array sets the number of indices; pass size="
             ))),
@@ -526,10 +526,10 @@ mod tests {
         let outputs = [Some(host(&[4, 3], DType::Float32))];
         let call = kernel.bind(&inputs, &outputs).unwrap();
         assert_eq!(
-            call.roles,
+            call.roles[..],
             [Role::Element, Role::Value, Role::Raw, Role::Element]
         );
-        assert_eq!(call.dtypes, [DType::Float32; 4]);
+        assert_eq!(call.dtypes[..], [DType::Float32; 4]);
         assert_eq!(call.elements().collect::<Vec<_>>(), [0, 3]);
         assert_eq!(*call.loop_shape(None).unwrap(), [4, 3]);
         assert!(call.loop_shape(Some(5)).is_err());

@@ -13,9 +13,10 @@ use std::fmt::Write;
 const HEADER: &str = include_str!("../../../kernels/user.cuh");
 
 /// How a call passes one parameter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Role {
     /// One element per index of an array (broadcast over the loop).
+    #[default]
     Element,
     /// One value for every index, among the kernel parameters (a scalar).
     Value,

@@ -5,6 +5,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::layout::Dims;
 
 /// A parameter's type: one dtype, or a name (`T`) that each call binds to the dtype of the
 /// arrays passed for it.
@@ -244,7 +245,7 @@ impl Spec {
     /// of a Python scalar passed there. Arrays bind type names; a type name that only Python
     /// scalars meet takes their default; an array must have its parameter's dtype exactly (no
     /// silent casts).
-    pub fn bind(&self, given: &[Option<DType>], python: &[Option<DType>]) -> Result<Vec<DType>> {
+    pub fn bind(&self, given: &[Option<DType>], python: &[Option<DType>]) -> Result<Dims<DType>> {
         if let Rule::Promote(op) = self.rule {
             return self.promote(op, given);
         }
@@ -299,12 +300,12 @@ impl Spec {
             }
             dtypes.push(want);
         }
-        Ok(dtypes)
+        Ok(Dims::from_vec(dtypes))
     }
 
     /// [`Rule::Promote`]: each input array's own dtype, and the promotion of them all for every
     /// other parameter.
-    fn promote(&self, op: &'static str, given: &[Option<DType>]) -> Result<Vec<DType>> {
+    fn promote(&self, op: &'static str, given: &[Option<DType>]) -> Result<Dims<DType>> {
         let nin = self.inputs.len();
         let mut arrays = given[..nin].iter().flatten();
         let first = arrays
@@ -312,7 +313,7 @@ impl Spec {
             .ok_or_else(|| Error::invalid(format!("{op} takes at least one array")))?;
         let promoted = arrays.try_fold(*first, |p, &d| DType::promote(p, d, op))?;
         let own = |k: usize| given[k].filter(|_| k < nin).unwrap_or(promoted);
-        Ok((0..given.len()).map(own).collect())
+        Ok(Dims::from_fn(given.len(), own))
     }
 }
 
@@ -420,13 +421,13 @@ mod tests {
         let (f16, f32, i32) = (DType::Float16, DType::Float32, DType::Int32);
         let bind = |given: &[Option<DType>]| spec.bind(given, &[None; 3]);
         assert_eq!(
-            bind(&[Some(f16), Some(f32), None]).unwrap(),
+            bind(&[Some(f16), Some(f32), None]).unwrap()[..],
             [f16, f32, f32]
         );
         // A scalar (no dtype given) takes the array's; an output passed is checked later, with
         // its shape.
         assert_eq!(
-            bind(&[Some(f16), None, Some(i32)]).unwrap(),
+            bind(&[Some(f16), None, Some(i32)]).unwrap()[..],
             [f16, f16, f16]
         );
         let e = bind(&[Some(i32), Some(f32), None]).unwrap_err().to_string();
