@@ -697,6 +697,7 @@ def test_legacy_stream_result_read_on_other_streams_waits_for_its_kernel():
     assert torch.equal(t, torch.full((N,), 5.0, device="cuda"))
 
 
+@pytest.mark.whole_gpu
 def test_gigabyte_export_is_freed_after_both_sides_let_go():
     free0 = settled_free()
     a = cb.zeros((1 << 28,), dtype="float32", device="cuda")  # 1 GiB
@@ -712,6 +713,7 @@ def test_gigabyte_export_is_freed_after_both_sides_let_go():
     assert abs(free1 - free0) < (64 << 20), (free0, free1)
 
 
+@pytest.mark.whole_gpu
 def test_round_trips_keep_device_memory_flat():
     base = cb.zeros((1024,), device="cuda")
     free0 = settled_free()
@@ -761,6 +763,7 @@ def test_operands_are_held_while_the_kernel_waits_and_released_after_without_ano
     assert torch.equal(out, torch.full((n,), 3.0, device="cuda"))
 
 
+@pytest.mark.whole_gpu
 def test_deleter_runs_on_another_thread():
     import threading
 
@@ -944,6 +947,7 @@ def test_second_gpu():
 # ---- reliability on the device: faults, leaks per protocol, threads, the GIL ------------------
 
 
+@pytest.mark.whole_gpu
 def test_allocation_beyond_free_memory_is_a_memory_error_and_nothing_breaks():
     free = settled_free()
     total = cb.cuda.mem_info()[1]
@@ -999,6 +1003,7 @@ DEVICE_PROTOCOLS = {
 }
 
 
+@pytest.mark.whole_gpu
 @pytest.mark.parametrize("protocol", DEVICE_PROTOCOLS)
 def test_100k_device_exchanges_keep_device_and_host_memory_flat(protocol):
     a = cb.arange(1024, dtype="float32", device="cuda")

@@ -193,6 +193,7 @@ def test_memory_is_not_reused_while_a_consumer_still_reads_it(how):
     )
 
 
+@pytest.mark.whole_gpu
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_allocating_adds_and_zeros_keep_memory_flat_and_empty_cache_gives_it_back():
@@ -286,6 +287,7 @@ def test_first_allocations_of_a_process_come_from_outside_the_pool_while_it_sets
     assert out["at_late"]["pool_used_bytes"] >= nbytes, out  # set up: from the pool
 
 
+@pytest.mark.whole_gpu
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_after_a_burst_and_empty_cache_torch_can_allocate_what_it_could_before():
@@ -305,6 +307,7 @@ def test_after_a_burst_and_empty_cache_torch_can_allocate_what_it_could_before()
     torch.cuda.empty_cache()
 
 
+@pytest.mark.whole_gpu
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_allocation_that_needs_torchs_cache_gets_it():
