@@ -28,3 +28,9 @@ pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use layout::Layout;
+
+/// `mutex` locked, poisoned or not: cubridge's locks guard plain tables and queues, which a
+/// panic elsewhere leaves whole.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -161,10 +161,7 @@ impl Buffer {
 
     /// The last CUDA write recorded on this memory, if any.
     pub fn last_write(&self) -> Option<Write> {
-        self.last_write
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        crate::lock(&self.last_write).clone()
     }
 
     /// The event after the last CUDA write on this memory (on device `ordinal`), if any; for a
@@ -174,7 +171,7 @@ impl Buffer {
         ordinal: u32,
     ) -> crate::Result<Option<std::sync::Arc<crate::cuda::stream::Event>>> {
         use crate::cuda::stream::{Event, LEGACY};
-        let mut guard = self.last_write.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = crate::lock(&self.last_write);
         let Some(write) = guard.as_mut() else {
             return Ok(None);
         };
@@ -187,7 +184,7 @@ impl Buffer {
     /// Records a CUDA write on this memory (replacing the previous record: the new write was
     /// itself ordered after it, or was on the same memory by the caller's own choice).
     pub fn record_write(&self, write: Write) {
-        *self.last_write.lock().unwrap_or_else(|p| p.into_inner()) = Some(write);
+        *crate::lock(&self.last_write) = Some(write);
     }
 
     /// Whether cubridge allocated this memory.
@@ -207,7 +204,7 @@ impl Buffer {
         if !self.is_owned_cuda() {
             return;
         }
-        let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut consumers = crate::lock(&self.consumers);
         if consumers.unknown || consumers.streams.contains(&stream) {
             return;
         }
@@ -239,7 +236,7 @@ impl Buffer {
         if !self.frees_in_stream_order() {
             return false;
         }
-        let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut consumers = crate::lock(&self.consumers);
         let consumers = &mut *consumers;
         if let Some(known) = consumers.kernels.iter_mut().find(|k| k.stream == stream) {
             known.event = event;
@@ -255,10 +252,7 @@ impl Buffer {
     /// DLPack C exchange table) or a use by a captured graph: the free then waits for the device.
     pub fn record_unknown_consumer(&self) {
         if self.is_owned_cuda() {
-            self.consumers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .unknown = true;
+            crate::lock(&self.consumers).unknown = true;
         }
     }
 }

@@ -12,7 +12,7 @@ static CONTEXTS: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
 
 /// The primary context of `ordinal`, retained on first use.
 pub fn primary(ordinal: u32) -> Result<sys::CUcontext> {
-    let mut table = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut table = crate::lock(&CONTEXTS);
     let i = ordinal as usize;
     if let Some(Some(ctx)) = table.get(i) {
         return Ok(*ctx as sys::CUcontext);
@@ -84,7 +84,7 @@ pub fn per_device<T: Copy>(
     ordinal: u32,
     make: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
-    let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
+    let mut table = crate::lock(&table);
     let i = ordinal as usize;
     if table.len() <= i {
         table.resize(i + 1, None);

@@ -135,7 +135,7 @@ static WORK: Condvar = Condvar::new();
 static IDLE: Condvar = Condvar::new();
 
 fn queue() -> MutexGuard<'static, FreeQueue> {
-    QUEUE.lock().unwrap_or_else(|p| p.into_inner())
+    crate::lock(&QUEUE)
 }
 
 /// Streams on which cubridge saw a capture begin; background waits hold off until each has
@@ -144,7 +144,7 @@ static CAPTURING: Mutex<Vec<(u32, Stream)>> = Mutex::new(Vec::new());
 
 /// Notes that `stream` of device `ordinal` is capturing a graph.
 pub fn note_capture(ordinal: u32, stream: Stream) {
-    let mut streams = CAPTURING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut streams = crate::lock(&CAPTURING);
     if !streams.contains(&(ordinal, stream)) {
         streams.push((ordinal, stream));
     }
@@ -221,8 +221,7 @@ fn run(jobs: Vec<Job>) {
 /// Holds off while any stream cubridge knows to be capturing still is, including the consumer
 /// streams of the jobs (their frees were deferred for that).
 fn wait_for_captures(jobs: &[Job]) {
-    let mut streams: Vec<(u32, Stream)> =
-        CAPTURING.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut streams: Vec<(u32, Stream)> = crate::lock(&CAPTURING).clone();
     for job in jobs {
         if let MemoryKind::Device { ordinal, .. } = job.kind {
             streams.extend(job.uses.streams.iter().map(|&s| (ordinal, s)));
@@ -233,10 +232,7 @@ fn wait_for_captures(jobs: &[Job]) {
         while stream::is_capturing(s, ordinal).unwrap_or(false) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        CAPTURING
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|&entry| entry != (ordinal, s));
+        crate::lock(&CAPTURING).retain(|&entry| entry != (ordinal, s));
     }
 }
 

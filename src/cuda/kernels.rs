@@ -200,7 +200,7 @@ fn trace(name: &str, step: &str, took: std::time::Duration) {
 /// `program.functions`), compiled and loaded once per process and device. Callers that launch
 /// often keep what this returns: a lookup hashes the whole source.
 pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
-    let mut guard = SOURCES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = crate::lock(&SOURCES);
     let cache = guard.get_or_insert_with(HashMap::new);
     if let Some(&found) = cache.get(&(ordinal, program.clone())) {
         return Ok(found);
@@ -214,7 +214,7 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
 /// elementwise engine's (add's and users' kernels') and extension crates' (whose copies of
 /// cubridge load them here).
 pub fn loaded_programs() -> Vec<(String, u32)> {
-    let guard = SOURCES.lock().unwrap_or_else(|p| p.into_inner());
+    let guard = crate::lock(&SOURCES);
     let keys = guard.iter().flat_map(|cache| cache.keys());
     keys.map(|(ordinal, p)| (p.name.clone(), *ordinal))
         .collect()
@@ -257,7 +257,7 @@ pub fn pairs(dtypes: [DType; 3]) -> bool {
 /// lookup costs one lock and one hash of a small key, not of the program's source).
 pub fn gather(ordinal: u32, dtype: DType) -> Result<sys::CUfunction> {
     static GATHERS: Mutex<Option<HashMap<(u32, DType), usize>>> = Mutex::new(None);
-    let mut guard = GATHERS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = crate::lock(&GATHERS);
     let cache = guard.get_or_insert_with(HashMap::new);
     if let Some(&f) = cache.get(&(ordinal, dtype)) {
         return Ok(f as sys::CUfunction);

@@ -147,7 +147,7 @@ static IN_USE: Mutex<Vec<(u64, u64, u64)>> = Mutex::new(Vec::new());
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 fn count(ordinal: u32, bytes: usize, add: bool) {
-    let mut table = IN_USE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut table = crate::lock(&IN_USE);
     let i = ordinal as usize;
     if table.len() <= i {
         table.resize(i + 1, (0, 0, 0));
@@ -183,9 +183,7 @@ pub struct Stats {
 /// Memory statistics of device `ordinal`.
 pub fn stats(ordinal: u32) -> Result<Stats> {
     context::bind(ordinal)?;
-    let (allocated, allocated_peak, allocations) = IN_USE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    let (allocated, allocated_peak, allocations) = crate::lock(&IN_USE)
         .get(ordinal as usize)
         .copied()
         .unwrap_or_default();
@@ -240,7 +238,7 @@ static OUT_OF_MEMORY_HOOK: Mutex<Option<fn()>> = Mutex::new(None);
 
 /// Sets the hook that asks other libraries to release their caches before an allocation fails.
 pub fn set_out_of_memory_hook(hook: fn()) {
-    *OUT_OF_MEMORY_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+    *crate::lock(&OUT_OF_MEMORY_HOOK) = Some(hook);
 }
 
 fn is_oom(e: &Error) -> bool {
@@ -270,7 +268,7 @@ fn with_retries<T>(ordinal: u32, mut alloc: impl FnMut() -> Result<T>) -> Result
         Err(e) if is_oom(&e) => {}
         done => return done,
     }
-    let hook = *OUT_OF_MEMORY_HOOK.lock().unwrap_or_else(|p| p.into_inner());
+    let hook = *crate::lock(&OUT_OF_MEMORY_HOOK);
     if let Some(hook) = hook {
         hook();
     }

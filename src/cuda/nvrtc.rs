@@ -16,7 +16,7 @@ static SEARCH_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// Adds directories to search for libnvrtc before the system's defaults.
 pub fn add_search_dirs(dirs: impl IntoIterator<Item = PathBuf>) {
-    let mut list = SEARCH_DIRS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut list = crate::lock(&SEARCH_DIRS);
     for d in dirs {
         if !list.contains(&d) {
             list.push(d);
@@ -36,10 +36,7 @@ fn toolkit_dirs(sub: &str) -> Vec<PathBuf> {
 }
 
 fn candidate_dirs() -> Vec<PathBuf> {
-    let mut dirs = SEARCH_DIRS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let mut dirs = crate::lock(&SEARCH_DIRS).clone();
     dirs.extend(toolkit_dirs("lib64"));
     dirs
 }
@@ -361,9 +358,7 @@ fn include_dirs() -> Vec<String> {
     let mut dirs: Vec<String> = toolkit_dirs("include")
         .into_iter()
         .chain(
-            SEARCH_DIRS
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+            crate::lock(&SEARCH_DIRS)
                 .iter()
                 .filter_map(|d| d.parent().map(|p| p.join("include"))),
         )

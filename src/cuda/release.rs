@@ -79,7 +79,7 @@ static WAKE: Condvar = Condvar::new();
 static DROPPING: Mutex<()> = Mutex::new(());
 
 fn queue() -> MutexGuard<'static, Queue> {
-    QUEUE.lock().unwrap_or_else(|p| p.into_inner())
+    crate::lock(&QUEUE)
 }
 
 /// Keeps `buffers` alive until `event` (recorded on `stream` of device `ordinal`, after the
@@ -227,7 +227,7 @@ fn release_loop() {
 /// Sets aside the entries whose kernels have run, and drops those set aside at the previous
 /// sweep that no launch has taken since.
 fn sweep() {
-    let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
+    let _dropping = crate::lock(&DROPPING);
     // The queries run without the queue lock, so that launches never wait on the driver here.
     let (mut taken, stale) = {
         let mut q = queue();
@@ -259,7 +259,7 @@ fn sweep() {
 /// (`cubridge.cuda.empty_cache` calls it after waiting for the device, so that the buffers of
 /// finished kernels go back to the pool before it is trimmed).
 pub fn flush() {
-    let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
+    let _dropping = crate::lock(&DROPPING);
     let (mut taken, ready) = {
         let mut q = queue();
         if q.stopped {
@@ -344,7 +344,7 @@ fn finished(entries: &mut Vec<Pending>) -> Vec<Pending> {
 /// (entries pushed later are leaked). Called at interpreter exit, with the interpreter still
 /// able to run the producers' deleters.
 pub fn release_all() {
-    let _dropping = DROPPING.lock().unwrap_or_else(|p| p.into_inner());
+    let _dropping = crate::lock(&DROPPING);
     let (mut entries, ready) = {
         let mut q = queue();
         q.stopped = true;

@@ -108,7 +108,7 @@ static SPARE_EVENTS: std::sync::Mutex<Vec<(u32, usize)>> = std::sync::Mutex::new
 const MAX_SPARE_EVENTS: usize = 256;
 
 fn spare_event(ordinal: u32) -> Option<usize> {
-    let mut spare = SPARE_EVENTS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut spare = crate::lock(&SPARE_EVENTS);
     let i = spare.iter().rposition(|&(o, _)| o == ordinal)?;
     Some(spare.swap_remove(i).1)
 }
@@ -209,7 +209,7 @@ impl Drop for Event {
         if self.owner.take().is_some() {
             return; // lent: its owner keeps or destroys it
         }
-        let mut spare = SPARE_EVENTS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut spare = crate::lock(&SPARE_EVENTS);
         if spare.len() < MAX_SPARE_EVENTS {
             spare.push((self.ordinal, self.raw));
             return;

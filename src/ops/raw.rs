@@ -53,7 +53,7 @@ impl RawKernel {
     /// The loaded function on `ordinal`, compiled on first use, opened to `shared` bytes of
     /// dynamic shared memory when that is more than a block gets by default.
     fn function(&self, ordinal: u32, shared: u32) -> Result<usize> {
-        let mut map = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = crate::lock(&self.functions);
         if let Some(&(f, opened)) = map.get(&ordinal) {
             if shared <= opened.max(SHARED_DEFAULT) {
                 return Ok(f);

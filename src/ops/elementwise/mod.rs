@@ -280,7 +280,7 @@ impl ElementwiseKernel {
         let same = |o: &u32, sig: &Signature| {
             *o == ordinal && sig.dtypes[..] == call.dtypes[..] && sig.roles[..] == call.roles[..]
         };
-        if let Some((o, sig, slots)) = &*self.last.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some((o, sig, slots)) = &*crate::lock(&self.last) {
             if same(o, sig) && slots[k] != 0 {
                 return Ok(slots[k] as sys::CUfunction);
             }
@@ -290,13 +290,7 @@ impl ElementwiseKernel {
             roles: call.roles.to_vec(),
         };
         let key = (ordinal, sig);
-        let loaded = |key| {
-            self.loaded
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(key)
-                .copied()
-        };
+        let loaded = |key| crate::lock(&self.loaded).get(key).copied();
         let mut slots = loaded(&key).unwrap_or_default();
         if slots[k] == 0 {
             let program =
@@ -305,12 +299,12 @@ impl ElementwiseKernel {
                         Error::invalid("internal: a tiled plan without a tiled kernel")
                     })?;
             let f = kernels::program(ordinal, &program)?[0];
-            let mut map = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = crate::lock(&self.loaded);
             let entry = map.entry(key.clone()).or_default();
             entry[k] = f;
             slots = *entry;
         }
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((key.0, key.1, slots));
+        *crate::lock(&self.last) = Some((key.0, key.1, slots));
         Ok(slots[k] as sys::CUfunction)
     }
 }

@@ -162,7 +162,7 @@ pub(super) fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
     const MAX_TYPES: usize = 64;
     let ty = obj.get_type();
     {
-        let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = crate::lock(&CACHE);
         if let Some((_, facts)) = cache.iter().find(|(t, _)| t.is(&ty)) {
             return *facts;
         }
@@ -214,7 +214,7 @@ pub(super) fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
         immutable,
         numpy_scalar,
     };
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = crate::lock(&CACHE);
     if cache.len() < MAX_TYPES && !cache.iter().any(|(t, _)| t.is(&ty)) {
         cache.push((ty.unbind(), facts));
     }

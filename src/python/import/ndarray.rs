@@ -129,7 +129,7 @@ static SCALAR_TYPES: std::sync::Mutex<Vec<(Py<pyo3::types::PyType>, DType)>> =
 pub fn builtin_scalar(obj: &Bound<'_, PyAny>) -> Option<(Scalar, DType)> {
     let ty = obj.get_type();
     let dtype = {
-        let types = SCALAR_TYPES.lock().unwrap_or_else(|p| p.into_inner());
+        let types = crate::lock(&SCALAR_TYPES);
         types.iter().find(|(t, _)| t.is(&ty)).map(|&(_, d)| d)?
     };
     // SAFETY: `obj` is exactly one of numpy's scalar types of `dtype` (learn_scalar's check),
@@ -159,7 +159,7 @@ pub fn learn_scalar(obj: &Bound<'_, PyAny>, dtype: DType) {
     if !(canonical && numpys) {
         return;
     }
-    let mut types = SCALAR_TYPES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut types = crate::lock(&SCALAR_TYPES);
     if types.len() < 32 && !types.iter().any(|(t, _)| t.is(&ty)) {
         types.push((ty.unbind(), dtype));
     }
