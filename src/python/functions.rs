@@ -62,13 +62,7 @@ pub fn empty(
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
-    let _restore = crate::cuda::context::Restore::new();
-    let a = Array::empty(
-        &parse_shape(shape)?,
-        dtype_or(dtype, DType::Float32)?,
-        parse_device(device)?,
-    )?;
-    Ok(PyArray::new(a))
+    created(Array::empty, shape, dtype, device)
 }
 
 /// A new array of zeros.
@@ -79,13 +73,19 @@ pub fn zeros(
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
+    created(Array::zeros, shape, dtype, device)
+}
+
+/// `make(shape, dtype, device)` from the Python arguments (float32 when no dtype is given).
+fn created(
+    make: fn(&[usize], DType, crate::Device) -> crate::Result<Array>,
+    shape: &Bound<'_, PyAny>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyArray> {
     let _restore = crate::cuda::context::Restore::new();
-    let a = Array::zeros(
-        &parse_shape(shape)?,
-        dtype_or(dtype, DType::Float32)?,
-        parse_device(device)?,
-    )?;
-    Ok(PyArray::new(a))
+    let (shape, dtype) = (parse_shape(shape)?, dtype_or(dtype, DType::Float32)?);
+    Ok(PyArray::new(make(&shape, dtype, parse_device(device)?)?))
 }
 
 /// A Python or numpy scalar as a value and the dtype it takes when none is given: a numpy
