@@ -115,8 +115,10 @@ impl Array {
                         Device::Cuda(n) => {
                             Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?)
                         }
-                        Device::CudaHost => Storage::Cuda(CudaAlloc::pinned(bytes, zeroed)?),
-                        Device::CudaManaged => Storage::Cuda(CudaAlloc::managed(bytes, zeroed)?),
+                        Device::CudaHost | Device::CudaManaged => {
+                            let managed = device == Device::CudaManaged;
+                            Storage::Cuda(CudaAlloc::host_visible(bytes, managed, zeroed)?)
+                        }
                     })
                 })?
             }

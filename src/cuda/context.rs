@@ -84,7 +84,7 @@ pub fn per_device<T: Copy>(
     ordinal: u32,
     make: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
-    let mut table = crate::lock(&table);
+    let mut table = crate::lock(table);
     let i = ordinal as usize;
     if table.len() <= i {
         table.resize(i + 1, None);

@@ -345,46 +345,38 @@ impl CudaAlloc {
         Ok(CudaAlloc::new(ptr, bytes, kind))
     }
 
-    /// Allocates `bytes` of page-locked host memory, zeroed if asked.
-    pub fn pinned(bytes: usize, zeroed: bool) -> Result<CudaAlloc> {
+    /// Allocates `bytes` of page-locked host memory (`managed` false) or managed memory, zeroed
+    /// if asked.
+    pub fn host_visible(bytes: usize, managed: bool, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(0)?;
+        let (kind, device) = match managed {
+            false => (MemoryKind::Pinned, Device::CudaHost),
+            true => (MemoryKind::Managed, Device::CudaManaged),
+        };
         if bytes == 0 {
-            return Ok(CudaAlloc::new(0, 0, MemoryKind::Pinned));
+            return Ok(CudaAlloc::new(0, 0, kind));
         }
-        let ptr = with_retries(0, || {
+        let ptr = with_retries(0, || match managed {
             // SAFETY: a context is current; flags 0 is plain pinned memory.
-            let ptr = unsafe { result::malloc_host(bytes, 0) };
-            check(ptr, "allocating pinned memory")
-        })
-        .map_err(oom(bytes, Device::CudaHost))?;
-        if zeroed {
-            // SAFETY: `ptr` addresses `bytes` writable host bytes.
-            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
-        }
-        Ok(CudaAlloc::new(ptr as u64, bytes, MemoryKind::Pinned))
-    }
-
-    /// Allocates `bytes` of managed memory, zeroed if asked.
-    pub fn managed(bytes: usize, zeroed: bool) -> Result<CudaAlloc> {
-        context::bind(0)?;
-        if bytes == 0 {
-            return Ok(CudaAlloc::new(0, 0, MemoryKind::Managed));
-        }
-        let ptr = with_retries(0, || {
+            false => check(
+                unsafe { result::malloc_host(bytes, 0) },
+                "allocating pinned memory",
+            )
+            .map(|p| p as u64),
             // SAFETY: a context is current; global attachment makes it usable from any stream.
-            check(
+            true => check(
                 unsafe {
                     result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)
                 },
                 "allocating managed memory",
-            )
+            ),
         })
-        .map_err(oom(bytes, Device::CudaManaged))?;
+        .map_err(oom(bytes, device))?;
         if zeroed {
-            // SAFETY: managed memory is host-accessible; nothing else uses it yet.
+            // SAFETY: both kinds are host-accessible, `bytes` long; nothing else uses them yet.
             unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
         }
-        Ok(CudaAlloc::new(ptr, bytes, MemoryKind::Managed))
+        Ok(CudaAlloc::new(ptr, bytes, kind))
     }
 
     fn new(ptr: u64, bytes: usize, kind: MemoryKind) -> CudaAlloc {
