@@ -228,28 +228,19 @@ fn release_loop() {
 /// sweep that no launch has taken since.
 fn sweep() {
     let _dropping = crate::lock(&DROPPING);
-    // The queries run without the queue lock, so that launches never wait on the driver here.
-    let (mut taken, stale) = {
-        let mut q = queue();
-        if q.stopped {
-            return;
-        }
-        let stale = if q.ready_seen {
-            std::mem::take(&mut q.ready)
-        } else {
-            Vec::new()
-        };
-        (std::mem::take(&mut q.entries), stale)
+    let Some(done) = take_finished() else {
+        return;
     };
-    record_legacy_events(&mut taken);
-    let done = finished(&mut taken);
-    {
+    let stale = {
         let mut q = queue();
-        let pushed_meanwhile = std::mem::replace(&mut q.entries, taken);
-        q.entries.extend(pushed_meanwhile);
+        let stale = match q.ready_seen {
+            true => std::mem::take(&mut q.ready),
+            false => Vec::new(),
+        };
         q.ready.extend(done);
         q.ready_seen = !q.ready.is_empty();
-    }
+        stale
+    };
     // Deleters may take their producers' locks (and the GIL): with none of ours held but the
     // one that keeps release_all out.
     drop(stale);
@@ -260,22 +251,29 @@ fn sweep() {
 /// finished kernels go back to the pool before it is trimmed).
 pub fn flush() {
     let _dropping = crate::lock(&DROPPING);
-    let (mut taken, ready) = {
+    let Some(done) = take_finished() else {
+        return;
+    };
+    let ready = std::mem::take(&mut queue().ready);
+    drop((ready, done));
+}
+
+/// Takes the entries whose kernels have run out of the queue (`None` once [`release_all`] has
+/// run). The queries run without the queue lock, so that launches never wait on the driver.
+fn take_finished() -> Option<Vec<Pending>> {
+    let mut taken = {
         let mut q = queue();
         if q.stopped {
-            return;
+            return None;
         }
-        (std::mem::take(&mut q.entries), std::mem::take(&mut q.ready))
+        std::mem::take(&mut q.entries)
     };
     record_legacy_events(&mut taken);
     let done = finished(&mut taken);
-    {
-        let mut q = queue();
-        let pushed_meanwhile = std::mem::replace(&mut q.entries, taken);
-        q.entries.extend(pushed_meanwhile);
-    }
-    drop(ready);
-    drop(done);
+    let mut q = queue();
+    let pushed_meanwhile = std::mem::replace(&mut q.entries, taken);
+    q.entries.extend(pushed_meanwhile);
+    Some(done)
 }
 
 /// Gives the entries of the legacy default stream that have no event yet one recorded there now,
