@@ -116,8 +116,7 @@ impl Array {
                             Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?)
                         }
                         Device::CudaHost | Device::CudaManaged => {
-                            let managed = device == Device::CudaManaged;
-                            Storage::Cuda(CudaAlloc::host_visible(bytes, managed, zeroed)?)
+                            Storage::Cuda(CudaAlloc::host_visible(bytes, device, zeroed)?)
                         }
                     })
                 })?

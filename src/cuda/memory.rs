@@ -345,13 +345,14 @@ impl CudaAlloc {
         Ok(CudaAlloc::new(ptr, bytes, kind))
     }
 
-    /// Allocates `bytes` of page-locked host memory (`managed` false) or managed memory, zeroed
-    /// if asked.
-    pub fn host_visible(bytes: usize, managed: bool, zeroed: bool) -> Result<CudaAlloc> {
+    /// Allocates `bytes` of host memory the device reads, zeroed if asked: page-locked memory
+    /// for `Device::CudaHost`, managed memory for `Device::CudaManaged`.
+    pub fn host_visible(bytes: usize, device: Device, zeroed: bool) -> Result<CudaAlloc> {
         context::bind(0)?;
-        let (kind, device) = match managed {
-            false => (MemoryKind::Pinned, Device::CudaHost),
-            true => (MemoryKind::Managed, Device::CudaManaged),
+        let managed = device == Device::CudaManaged;
+        let kind = match managed {
+            false => MemoryKind::Pinned,
+            true => MemoryKind::Managed,
         };
         if bytes == 0 {
             return Ok(CudaAlloc::new(0, 0, kind));

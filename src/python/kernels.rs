@@ -122,7 +122,7 @@ impl PyElementwiseKernel {
 /// The output objects a call passed, positionally after the inputs or as `out=` (`None` for
 /// each output to allocate).
 fn outputs_passed<'py>(
-    spec: &crate::ops::elementwise::spec::Spec,
+    spec: &Spec,
     args: &[Bound<'py, PyAny>],
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
