@@ -91,9 +91,9 @@ impl Array {
         })
     }
 
-    /// A new C-contiguous array on `device`, zeroed if `zeroed`, for work on `stream`. CUDA
-    /// memory comes from the process's runtime where this copy of cubridge hands its work to
-    /// one (see [`crate::runtime`]).
+    /// A new C-contiguous array on `device`, zeroed if `zeroed`, for work on `stream`, the
+    /// allocation recorded as that stream's pending write. CUDA memory comes from the process's
+    /// runtime where this copy of cubridge hands its work to one (see [`crate::runtime`]).
     pub(crate) fn allocate(
         shape: &[usize],
         dtype: DType,
@@ -101,7 +101,25 @@ impl Array {
         zeroed: bool,
         stream: Stream,
     ) -> Result<Array> {
-        let array = match crate::runtime::shared() {
+        let array = Self::allocate_unrecorded(shape, dtype, device, zeroed, stream)?;
+        // A pool allocation (and its zeroing) is work queued on `stream`: other streams order
+        // after it as after a write.
+        match device {
+            Device::Cuda(_) if array.numel() == 0 => Ok(array),
+            _ => array.written_on(stream),
+        }
+    }
+
+    /// [`Array::allocate`] without recording the allocation as a write: for a result whose
+    /// writer records its own write on the same stream ([`crate::ops::launch::Launch::empty`]).
+    pub(crate) fn allocate_unrecorded(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        zeroed: bool,
+        stream: Stream,
+    ) -> Result<Array> {
+        Ok(match crate::runtime::shared() {
             Some(runtime) if device != Device::Cpu => {
                 runtime.allocate(shape, dtype, device, stream, (zeroed, false))?
             }
@@ -121,13 +139,7 @@ impl Array {
                     })
                 })?
             }
-        };
-        // A pool allocation (and its zeroing) is work queued on `stream`: other streams order
-        // after it as after a write.
-        match device {
-            Device::Cuda(_) if array.numel() == 0 => Ok(array),
-            _ => array.written_on(stream),
-        }
+        })
     }
 
     /// Keeps the memory of `arrays` valid until the work queued so far on `stream` of device

@@ -22,6 +22,7 @@ use crate::cuda::stream::{self as cuda_stream, Event, RelaxedCapture, Stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// The one CUDA device of a kernel's arrays (the current device when there are none), each
@@ -67,6 +68,8 @@ pub struct Launch {
     ordinal: u32,
     stream: Stream,
     capture: Option<RelaxedCapture>,
+    /// Results allocated by [`Launch::empty`], whose write is recorded by [`Launch::finish`].
+    results: RefCell<Vec<Array>>,
 }
 
 impl Launch {
@@ -88,6 +91,7 @@ impl Launch {
             ordinal,
             stream,
             capture,
+            results: RefCell::new(Vec::new()),
         })
     }
 
@@ -108,12 +112,18 @@ impl Launch {
 
     /// A new array for a result of the work, allocated on the work's stream (from the device's
     /// pool; under capture, outside the graph and the pool, ready before the capture goes on).
+    /// Its first write is the work's, recorded by [`Launch::finish`] (the allocation's, should
+    /// the launch be dropped unfinished), so the work waits for no event of its allocation.
     pub fn empty(&self, shape: &[usize], dtype: DType) -> Result<Array> {
         if self.is_capturing() {
-            Array::empty_for_capture(shape, dtype, self.ordinal)
-        } else {
-            Array::empty_on(shape, dtype, Device::Cuda(self.ordinal), self.stream)
+            return Array::empty_for_capture(shape, dtype, self.ordinal);
         }
+        let device = Device::Cuda(self.ordinal);
+        let array = Array::allocate_unrecorded(shape, dtype, device, false, self.stream)?;
+        if array.numel() > 0 {
+            self.results.borrow_mut().push(array.clone());
+        }
+        Ok(array)
     }
 
     /// Orders every operand's pending writes before the work: the stream waits for them on the
@@ -160,13 +170,26 @@ impl Launch {
             Some(Arc::new(Event::record(self.stream, self.ordinal)?))
         };
         Array::keep_until_run(&all, self.stream, done.clone(), self.ordinal);
-        for out in outputs {
+        // The results allocated for the work follow the work too, outputs or not.
+        let results = std::mem::take(&mut *self.results.borrow_mut());
+        for out in outputs.iter().copied().chain(&results) {
             match &done {
                 Some(done) => out.with_pending(self.stream, done.clone()),
                 None => out.with_legacy_write(),
             };
         }
         Ok(())
+    }
+}
+
+/// A launch dropped unfinished (its work failed to queue) records the allocation of each result
+/// as its write, which orders the result's free after it.
+impl Drop for Launch {
+    fn drop(&mut self) {
+        for result in self.results.get_mut().drain(..) {
+            // An error means the context is unusable: nothing runs on it any more.
+            let _ = result.written_on(self.stream);
+        }
     }
 }
 
