@@ -119,6 +119,10 @@ impl Launch {
             return Array::empty_for_capture(shape, dtype, self.ordinal);
         }
         let device = Device::Cuda(self.ordinal);
+        if self.stream == cuda_stream::LEGACY {
+            // A write there needs no event: recording the allocation's costs nothing.
+            return Array::empty_on(shape, dtype, device, self.stream);
+        }
         let array = Array::allocate_unrecorded(shape, dtype, device, false, self.stream)?;
         if array.numel() > 0 {
             self.results.borrow_mut().push(array.clone());
@@ -173,10 +177,11 @@ impl Launch {
         // The results allocated for the work follow the work too, outputs or not.
         let results = std::mem::take(&mut *self.results.borrow_mut());
         for out in outputs.iter().copied().chain(&results) {
-            match &done {
-                Some(done) => out.with_pending(self.stream, done.clone()),
-                None => out.with_legacy_write(),
-            };
+            // No event on the legacy default stream: see Array::with_legacy_write.
+            out.buffer().record_write(cuda_stream::Write {
+                stream: self.stream,
+                event: done.clone(),
+            });
         }
         Ok(())
     }

@@ -131,9 +131,12 @@ impl ElementwiseKernel {
         }
         let inputs = call.inputs_over(shape)?;
         // Outputs to allocate are planned as they will be: contiguous, aligned to any pack.
-        let contiguous = Layout::contiguous(shape)?;
+        let contiguous = match call.outputs.iter().any(Option::is_none) {
+            true => Some(Layout::contiguous(shape)?),
+            false => None,
+        };
         let new = |k: usize| Operand {
-            strides: contiguous.strides(),
+            strides: contiguous.as_ref().map_or(&[], |c| c.strides()),
             contiguous: true,
             address: 0,
             itemsize: call.dtypes[k].itemsize(),
@@ -450,10 +453,14 @@ impl<'a> Call<'a> {
     /// The outputs: those passed, and new arrays of the loop's shape on `launch`'s stream.
     fn allocate_outputs(&self, launch: &Launch, shape: &[usize]) -> Result<Vec<Array>> {
         let nin = self.inputs.len();
-        let new = |j: usize| launch.empty(shape, self.dtypes[nin + j]);
-        (0..self.outputs.len())
-            .map(|j| self.outputs[j].clone().map_or_else(|| new(j), Ok))
-            .collect()
+        let mut outs = Vec::with_capacity(self.outputs.len());
+        for (j, out) in self.outputs.iter().enumerate() {
+            outs.push(match out {
+                Some(out) => out.clone(),
+                None => launch.empty(shape, self.dtypes[nin + j])?,
+            });
+        }
+        Ok(outs)
     }
 
     /// The inputs as the kernel sees them: element inputs broadcast to the loop's shape
