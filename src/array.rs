@@ -21,6 +21,13 @@ pub struct Array {
     readonly: bool,
 }
 
+/// So that lists of arrays and of references to them are taken alike (`Launch::order`).
+impl AsRef<Array> for Array {
+    fn as_ref(&self) -> &Array {
+        self
+    }
+}
+
 impl std::fmt::Debug for Array {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Array")
@@ -146,16 +153,16 @@ impl Array {
     /// `ordinal` has run (`event` follows that work; `None` on the legacy default stream, which
     /// runs in order): cubridge's pooled memory by ordering its free after it, anything else by
     /// holding it in the releaser (see [`crate::cuda::release`]). Never waits.
-    pub fn keep_until_run(
-        arrays: &[&Array],
+    pub fn keep_until_run<A: AsRef<Array>>(
+        arrays: impl IntoIterator<Item = A>,
         stream: Stream,
         event: Option<Arc<Event>>,
         ordinal: u32,
     ) {
         let held: Vec<crate::cuda::release::KeepAlive> = arrays
-            .iter()
-            .filter(|a| !a.buffer.record_kernel(stream, event.clone()))
-            .map(|a| a.buffer.clone() as crate::cuda::release::KeepAlive)
+            .into_iter()
+            .filter(|a| !a.as_ref().buffer.record_kernel(stream, event.clone()))
+            .map(|a| a.as_ref().buffer.clone() as crate::cuda::release::KeepAlive)
             .collect();
         if !held.is_empty() {
             crate::cuda::release::keep_alive_until(event, held, stream, ordinal);

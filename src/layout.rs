@@ -65,6 +65,23 @@ impl<T: Copy + Default> Dims<T> {
     }
 }
 
+impl<T: Copy + Default> FromIterator<T> for Dims<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(values: I) -> Self {
+        let mut inline = [T::default(); INLINE_DIMS];
+        let mut values = values.into_iter();
+        for n in 0..INLINE_DIMS {
+            match values.next() {
+                Some(v) => inline[n] = v,
+                None => return Dims::Inline(n as u8, inline),
+            }
+        }
+        match values.next() {
+            None => Dims::Inline(INLINE_DIMS as u8, inline),
+            Some(v) => Dims::Heap(inline.into_iter().chain([v]).chain(values).collect()),
+        }
+    }
+}
+
 impl<T: Copy + Default> std::ops::Deref for Dims<T> {
     type Target = [T];
 

@@ -53,13 +53,14 @@ unsafe impl<T: 'static> KernelParam for *const T {}
 
 /// Kernel parameters gathered one at a time, each kept at an address aligned for any C type
 /// (16 bytes), as `cuLaunchKernel` reads them: by value, through a pointer to each. All of them
-/// share one buffer, so a launch's parameter list costs one allocation, not one per parameter.
+/// share one buffer, and the pointers to them are kept as they are pushed, so a launch's
+/// parameter list costs two allocations, not one per parameter.
 #[derive(Default)]
 pub struct Params {
     /// The parameters' bytes, each starting on a 16-byte slot boundary.
     slots: Vec<u128>,
-    /// Where each parameter starts, in slots.
-    starts: Vec<usize>,
+    /// Where each parameter starts in `slots`.
+    pointers: Vec<*mut c_void>,
 }
 
 impl Params {
@@ -72,7 +73,7 @@ impl Params {
     pub fn with_capacity(params: usize, bytes: usize) -> Params {
         Params {
             slots: Vec::with_capacity(bytes.div_ceil(16) + params),
-            starts: Vec::with_capacity(params),
+            pointers: Vec::with_capacity(params),
         }
     }
 
@@ -80,18 +81,22 @@ impl Params {
     /// struct's), in the kernel's parameter order.
     pub fn push_bytes(&mut self, bytes: &[u8]) {
         let start = self.slots.len();
+        let before = self.slots.as_ptr() as usize;
         self.slots
             .resize(start + bytes.len().div_ceil(16).max(1), 0);
+        let base = self.slots.as_mut_ptr();
+        if base as usize != before {
+            // The slots moved: so do the parameters already pushed.
+            for p in &mut self.pointers {
+                *p = base.cast::<u8>().wrapping_add(*p as usize - before).cast();
+            }
+        }
         // SAFETY: the slots from `start` on hold at least `bytes.len()` bytes (just resized) and
         // do not overlap `bytes`, which the caller borrows from elsewhere.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.slots.as_mut_ptr().add(start).cast::<u8>(),
-                bytes.len(),
-            )
-        };
-        self.starts.push(start);
+        let at = unsafe { base.add(start) };
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at.cast::<u8>(), bytes.len()) };
+        self.pointers.push(at.cast());
     }
 
     /// Appends one parameter of a plain-data type (see [`KernelParam`]).
@@ -106,22 +111,17 @@ impl Params {
 
     /// How many parameters.
     pub fn len(&self) -> usize {
-        self.starts.len()
+        self.pointers.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.starts.is_empty()
+        self.pointers.is_empty()
     }
 
     /// Pointers to each parameter, for [`launch`]; valid while `self` lives and is not changed.
-    pub fn pointers(&mut self) -> Vec<*mut c_void> {
-        let base = self.slots.as_mut_ptr();
-        self.starts
-            .iter()
-            // SAFETY: every start is within `slots` (push_bytes reserved it).
-            .map(|&s| unsafe { base.add(s) }.cast())
-            .collect()
+    pub fn pointers(&mut self) -> &mut [*mut c_void] {
+        &mut self.pointers
     }
 }
 

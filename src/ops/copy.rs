@@ -67,7 +67,7 @@ fn host_to_device(src: &Array, dtype: DType, device: Device) -> Result<Array> {
             stream::LEGACY,
         )?
     };
-    Array::keep_until_run(&[&staged], stream::LEGACY, None, n);
+    Array::keep_until_run([&staged], stream::LEGACY, None, n);
     Ok(dst)
 }
 
@@ -88,7 +88,7 @@ fn from_device(src: &Array, contiguous: &Array, device: Device, n: u32) -> Resul
                 stream::LEGACY,
             )?
         };
-        Array::keep_until_run(&[src, contiguous], stream::LEGACY, None, n);
+        Array::keep_until_run([src, contiguous], stream::LEGACY, None, n);
         return Ok(dst);
     }
     if let Device::Cuda(m) = device {
@@ -143,7 +143,6 @@ fn gather(src: &Array) -> Result<Array> {
     params.push(dst.data_ptr());
     params.push(count as i64);
     params.push(Shape::new(&plan.shape)?);
-    let mut params = params.pointers();
     cuda::context::bind(n)?;
     // SAFETY: cb_gather(CbStrided<T> s, T* o, long long n, CbShape g) matches the params (the
     // structs as kernels/abi.cuh has them); `o` holds `count` elements, `s`'s layout stays in
@@ -160,7 +159,7 @@ fn gather(src: &Array) -> Result<Array> {
             (launch::BLOCK, 1, 1),
             0,
             stream::LEGACY.handle(),
-            &mut params,
+            params.pointers(),
         )?
     };
     Ok(dst)

@@ -10,9 +10,9 @@
 //! let stream = cubridge::cuda::stream::LEGACY;
 //! let launch = Launch::begin(Device::Cuda(0), stream)?;
 //! let y = launch.empty(&[1024], DType::Float32)?;
-//! launch.order(&[&x, &y])?; // x's pending writes run before anything queued next
+//! launch.order([&x, &y])?; // x's pending writes run before anything queued next
 //! // ... queue a kernel that reads x and writes y on launch.stream() ...
-//! launch.finish(&[&x], &[&y])?; // keeps x alive until it has run; y records the write
+//! launch.finish([&x], [&y])?; // keeps x alive until it has run; y records the write
 //! # Ok(())
 //! # }
 //! ```
@@ -133,9 +133,11 @@ impl Launch {
     /// Orders every operand's pending writes before the work: the stream waits for them on the
     /// device, never on the host. Each operand must be on this launch's device. Under capture,
     /// refuses an operand whose last write is neither done nor on the capturing stream (a graph
-    /// cannot wait for work outside it). Also makes the device's context current.
-    pub fn order(&self, operands: &[&Array]) -> Result<()> {
+    /// cannot wait for work outside it). Also makes the device's context current. Takes arrays
+    /// or references to them, in an array, a slice or any iterator, as [`Launch::finish`] does.
+    pub fn order<A: AsRef<Array>>(&self, operands: impl IntoIterator<Item = A>) -> Result<()> {
         for operand in operands {
+            let operand = operand.as_ref();
             if operand.device() != Device::Cuda(self.ordinal) {
                 return Err(Error::DeviceMismatch {
                     left: Device::Cuda(self.ordinal).to_string(),
@@ -155,12 +157,16 @@ impl Launch {
     /// valid until that work has run, cubridge's pooled memory by ordering its free after it,
     /// anything else by being held until then (never waiting on the host), and the `outputs`
     /// record the work as their last write, which later users on other streams wait for.
-    pub fn finish(self, inputs: &[&Array], outputs: &[&Array]) -> Result<()> {
-        let all: Vec<&Array> = inputs.iter().chain(outputs).copied().collect();
+    pub fn finish<A, O>(self, inputs: impl IntoIterator<Item = A>, outputs: O) -> Result<()>
+    where
+        A: AsRef<Array>,
+        O: IntoIterator<Item = A> + Clone,
+    {
+        let all = inputs.into_iter().chain(outputs.clone());
         if self.is_capturing() {
             // Memory of cubridge's that a graph uses is freed only after waiting for the device.
             for operand in all {
-                operand.record_unknown_consumer();
+                operand.as_ref().record_unknown_consumer();
             }
             return Ok(());
         }
@@ -173,15 +179,18 @@ impl Launch {
         } else {
             Some(Arc::new(Event::record(self.stream, self.ordinal)?))
         };
-        Array::keep_until_run(&all, self.stream, done.clone(), self.ordinal);
+        Array::keep_until_run(all, self.stream, done.clone(), self.ordinal);
         // The results allocated for the work follow the work too, outputs or not.
-        let results = std::mem::take(&mut *self.results.borrow_mut());
-        for out in outputs.iter().copied().chain(&results) {
-            // No event on the legacy default stream: see Array::with_legacy_write.
-            out.buffer().record_write(cuda_stream::Write {
-                stream: self.stream,
-                event: done.clone(),
-            });
+        // No event on the legacy default stream: see Array::with_legacy_write.
+        let write = || cuda_stream::Write {
+            stream: self.stream,
+            event: done.clone(),
+        };
+        for out in outputs {
+            out.as_ref().buffer().record_write(write());
+        }
+        for result in std::mem::take(&mut *self.results.borrow_mut()) {
+            result.buffer().record_write(write());
         }
         Ok(())
     }

@@ -22,7 +22,7 @@ use crate::layout::{coalesce_of, order_by_first_of, Coalesced, Dims};
 
 /// What the plan needs of one operand that is walked per element (values passed among the
 /// kernel parameters and raw arrays are not operands of the loop).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Operand<'a> {
     /// Element strides over the loop's shape (broadcast dimensions have stride 0).
     pub strides: &'a [isize],

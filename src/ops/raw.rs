@@ -131,7 +131,6 @@ impl RawKernel {
         let function = self.function(launch.ordinal(), shared)?;
         launch.order(&arrays)?;
         let mut params = raw_params(args)?;
-        let mut pointers = params.pointers();
         // SAFETY: the parameters match the kernel's signature and it stays inside the arrays
         // (this function's contract); each array is passed as the device pointer of its first
         // element (on this device, and kept valid until the kernel has run by Launch::finish),
@@ -145,7 +144,7 @@ impl RawKernel {
                 (block[0], block[1], block[2]),
                 shared,
                 launch.stream().handle(),
-                &mut pointers,
+                params.pointers(),
             )?
         };
         launch.finish(&[], &arrays)

@@ -96,7 +96,7 @@ fn on_gpu(x: &Array, y: &Array, alpha: f32, stream: Stream) -> Result<Array> {
     // The launch: the result allocated on the stream, the inputs' pending writes ordered first.
     let work = Launch::begin(x.device(), stream)?;
     let out = work.empty(x.shape(), DType::Float32)?;
-    work.order(&[x, y, &out])?;
+    work.order([x, y, &out])?;
     // Compiled with NVRTC once per process and device (by the `cubridge` module's runtime, which
     // every extension shares) and cached on disk, as cubridge's own kernels are.
     let kernel = program(
@@ -127,11 +127,11 @@ fn on_gpu(x: &Array, y: &Array, alpha: f32, stream: Stream) -> Result<Array> {
             (BLOCK, 1, 1),
             0,
             work.stream().handle(),
-            &mut params.pointers(),
+            params.pointers(),
         )?
     };
     // x and y stay alive until the kernel has run; out records it as its pending write.
-    work.finish(&[x, y], &[&out])?;
+    work.finish([x, y], [&out])?;
     Ok(out)
 }
 

@@ -149,22 +149,22 @@ impl ElementwiseKernel {
         let mut plan = self.plan(call, before, shape);
         let mut function = self.function(launch.ordinal(), call, &plan)?;
         let outs = call.allocate_outputs(&launch, shape)?;
-        let mut operands = inputs;
-        operands.extend(outs.iter().map(|o| Some(Cow::Borrowed(o))));
-        let operand = |k: usize| -> &Array { operands[k].as_deref().expect("an array operand") };
+        let operand = |k: usize| -> &Array {
+            match inputs.get(k) {
+                Some(input) => input.as_deref().expect("an array operand"),
+                None => &outs[k - inputs.len()],
+            }
+        };
         if plan.variant == Variant::Vector && outs.iter().any(|o| o.data_ptr() as usize % 16 != 0) {
             plan = self.plan(call, |k| Operand::of(operand(k)), shape);
             function = self.function(launch.ordinal(), call, &plan)?;
         }
-        let all: Vec<&Array> = operands.iter().flatten().map(|a| &**a).collect();
-        launch.order(&all)?;
+        let input_arrays = || inputs.iter().flatten().map(|a| &**a);
+        launch.order(input_arrays().chain(&outs))?;
         // SAFETY: the caller's contract (the operation); `launch` ordered every operand, and
         // `function` is the plan's kernel for the call's signature on its device.
         unsafe { self.run(call, &launch, &plan, function, &operand)? };
-        // `all` is the input arrays, then the outputs.
-        let (input_arrays, output_arrays) = all.split_at(all.len() - outs.len());
-        launch.finish(input_arrays, output_arrays)?;
-        drop(operands);
+        launch.finish(input_arrays(), &outs)?;
         Ok(outs)
     }
 
@@ -224,7 +224,7 @@ impl ElementwiseKernel {
         shape: &[usize],
     ) -> Plan {
         let nin = call.inputs.len();
-        let walked: Vec<Operand<'o>> = call.elements().map(operand).collect();
+        let walked: Dims<Operand<'o>> = call.elements().map(operand).collect();
         // The first element output leads (its writes run along its unit stride), unless the
         // operation reads its index (C order).
         let lead = (!self.indexed).then(|| call.elements().position(|k| k >= nin).unwrap_or(0));
@@ -260,7 +260,6 @@ impl ElementwiseKernel {
             (operand(a), b.map(operand), b_dtype, operand(out))
         });
         let kernel = params::kernel(function, plan, ordinal, width, tiles)?;
-        let list = call.params(operand);
         // SAFETY: source::program writes this signature's kernels with the parameters of their
         // variant as kernels/abi.cuh lays them out (values of the parameter's dtype, CbRaw per
         // raw array). Every element operand spans the loop's shape within its validated layout
@@ -273,7 +272,7 @@ impl ElementwiseKernel {
         // sizes (this function's contract). The arrays are kept valid until the kernel has run
         // (the caller's Launch::finish). Launch::order made the device's context current, and
         // the module was loaded there.
-        unsafe { params::launch(launch, plan, &list, &kernel) }
+        unsafe { params::launch(launch, plan, call.params(operand), &kernel) }
     }
 
     /// The kernel of `plan` for a call's signature on `ordinal`, compiled and loaded the first
@@ -480,16 +479,17 @@ impl<'a> Call<'a> {
     }
 
     /// The kernel's parameters in order: each operand as its role passes it.
-    fn params<'o>(&self, operand: &impl Fn(usize) -> &'o Array) -> Vec<Param<'o>> {
-        (0..self.roles.len())
-            .map(|k| match (self.roles[k], self.inputs.get(k)) {
-                (Role::Element, _) => Param::Element(operand(k)),
-                (Role::Value, Some(Arg::Value(v, _))) => {
-                    Param::Value(crate::cpu::copy::ElementBytes::new(self.dtypes[k], *v))
-                }
-                _ => Param::Raw(operand(k)),
-            })
-            .collect()
+    fn params<'s, 'o>(
+        &'s self,
+        operand: &'s impl Fn(usize) -> &'o Array,
+    ) -> impl ExactSizeIterator<Item = Param<'o>> + 's {
+        (0..self.roles.len()).map(move |k| match (self.roles[k], self.inputs.get(k)) {
+            (Role::Element, _) => Param::Element(operand(k)),
+            (Role::Value, Some(Arg::Value(v, _))) => {
+                Param::Value(crate::cpu::copy::ElementBytes::new(self.dtypes[k], *v))
+            }
+            _ => Param::Raw(operand(k)),
+        })
     }
 }
 

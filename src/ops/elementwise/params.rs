@@ -186,7 +186,11 @@ pub fn kernel(
 /// parameter order: inputs, then outputs), as `kernels/abi.cuh` lays it out: one parameter per
 /// operand, then the number of indices, then for the strided and tiled variants the loop's
 /// shape, then for the tiled variant its mask.
-pub fn list(plan: &Plan, operands: &[Param<'_>], tile: Option<i32>) -> Result<Params> {
+pub fn list<'a>(
+    plan: &Plan,
+    operands: impl ExactSizeIterator<Item = Param<'a>>,
+    tile: Option<i32>,
+) -> Result<Params> {
     let strided = matches!(plan.variant, Variant::Strided | Variant::Tiled { .. });
     let mut p = Params::with_capacity(
         operands.len() + 3,
@@ -230,15 +234,14 @@ pub fn list(plan: &Plan, operands: &[Param<'_>], tile: Option<i32>) -> Result<Pa
 ///    variant only for aligned pointers, the 32-bit one only where every offset fits), and a
 ///    tiled kernel gets the shared memory its tiles need.
 /// 4. Every operand stays valid until the kernel has run ([`Launch::finish`]).
-pub unsafe fn launch(
+pub unsafe fn launch<'a>(
     launch: &Launch,
     plan: &Plan,
-    operands: &[Param<'_>],
+    operands: impl ExactSizeIterator<Item = Param<'a>>,
     kernel: &Kernel,
 ) -> Result<()> {
     let mut params = list(plan, operands, kernel.tile)?;
-    let mut pointers = params.pointers();
-    // SAFETY: this function's contract; `pointers` address `params`, alive for the call.
+    // SAFETY: this function's contract; the pointers address `params`, alive for the call.
     unsafe {
         cuda_launch::launch(
             kernel.function,
@@ -246,7 +249,7 @@ pub unsafe fn launch(
             (kernel.block.0, kernel.block.1, 1),
             kernel.shared,
             launch.stream().handle(),
-            &mut pointers,
+            params.pointers(),
         )
     }
 }
@@ -385,13 +388,13 @@ mod tests {
         let walked = [Operand::of(&x), Operand::of(&out)];
         let plan = Plan::new(&[4, 6], 24, &walked, Some(1), 1, false);
         assert!(matches!(plan.variant, Variant::Contiguous));
-        let mut p = list(&plan, &operands, None).unwrap();
+        let mut p = list(&plan, operands.into_iter(), None).unwrap();
         let q = p.pointers();
         assert_eq!(q.len(), 4);
-        assert_eq!(read::<*mut u8>(&q, 0), x.data_ptr());
-        assert_eq!(read::<f32>(&q, 1), 2.5);
-        assert_eq!(read::<*mut u8>(&q, 2), out.data_ptr());
-        assert_eq!(read::<i64>(&q, 3), 24);
+        assert_eq!(read::<*mut u8>(q, 0), x.data_ptr());
+        assert_eq!(read::<f32>(q, 1), 2.5);
+        assert_eq!(read::<*mut u8>(q, 2), out.data_ptr());
+        assert_eq!(read::<i64>(q, 3), 24);
 
         // x transposed: CbStrided per walked operand (the plan's strides, led by out), n, the
         // shape, and the tile mask when one is given.
@@ -405,17 +408,17 @@ mod tests {
             Param::Value(value),
             Param::Element(&out_t),
         ];
-        let mut p = list(&plan, &operands, Some(5)).unwrap();
+        let mut p = list(&plan, operands.into_iter(), Some(5)).unwrap();
         let q = p.pointers();
         assert_eq!(q.len(), 6);
-        let a = read::<Strided>(&q, 0);
+        let a = read::<Strided>(q, 0);
         assert_eq!((a.p, &a.s[..2]), (xt.data_ptr(), &[1i64, 6][..]));
-        assert_eq!(read::<f32>(&q, 1), 2.5);
-        let o = read::<Strided>(&q, 2);
+        assert_eq!(read::<f32>(q, 1), 2.5);
+        let o = read::<Strided>(q, 2);
         assert_eq!((o.p, &o.s[..2]), (out_t.data_ptr(), &[4i64, 1][..]));
-        assert_eq!(read::<i64>(&q, 3), 24);
-        let shape = read::<Shape>(&q, 4);
+        assert_eq!(read::<i64>(q, 3), 24);
+        let shape = read::<Shape>(q, 4);
         assert_eq!((shape.ndim, &shape.d[..2]), (2, &[6i64, 4][..]));
-        assert_eq!(read::<i32>(&q, 5), 5);
+        assert_eq!(read::<i32>(q, 5), 5);
     }
 }
