@@ -557,6 +557,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dims_collect_in_place_up_to_four_and_on_the_heap_beyond() {
+        for n in 0..=6usize {
+            let d: Dims<usize> = (10..10 + n).collect();
+            assert_eq!(&d[..], &(10..10 + n).collect::<Vec<_>>()[..]);
+            assert_eq!(matches!(d, Dims::Inline(..)), n <= INLINE_DIMS, "{n}");
+        }
+    }
+
+    #[test]
     fn layouts_of_few_and_many_dimensions_behave_alike() {
         // Four dimensions are held in place, six on the heap; both answer the same way.
         for shape in [vec![2usize, 3, 4, 5], vec![2, 1, 3, 1, 4, 2]] {
