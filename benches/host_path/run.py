@@ -2,15 +2,49 @@
 driver in stub_driver.c (see there how to build it): what a call costs the calling thread in
 cubridge, pyo3 and Python when the driver's calls cost nothing. It separates cubridge's own
 per-call work from the driver's and the GPU's, which vary by 20% between processes on the GPU
-machine. Best of 7 rounds of 20000 calls, 2^10 float32 cubridge arrays.
+machine. Best of 7 rounds of 20000 calls, 2^10 float32 cubridge arrays. With --driver-calls,
+each case instead prints the driver calls it makes per call (1000 calls counted, on every
+thread: the releaser's and the free queue's too).
 
-    LD_LIBRARY_PATH=DIR python benches/host_path/run.py [case ...]
+    LD_LIBRARY_PATH=DIR python benches/host_path/run.py [--driver-calls] [case ...]
 """
 
+import ctypes
 import sys
 import time
 
 import cubridge as cb
+
+
+def time_call(call):
+    best = float("inf")
+    for _ in range(7):
+        for _ in range(500):
+            call()
+        start = time.perf_counter_ns()
+        for _ in range(20000):
+            call()
+        best = min(best, (time.perf_counter_ns() - start) / 20000)
+    return f"{best:7.0f} ns"
+
+
+def driver_calls(call):
+    stub = ctypes.CDLL("libcuda.so.1")
+    stub.stub_count.restype = ctypes.c_char_p
+    for _ in range(500):
+        call()
+    cb.cuda.synchronize()
+    stub.stub_reset()
+    for _ in range(1000):
+        call()
+    counts, calls = [], ctypes.c_ulong()
+    for i in range(64):
+        name = stub.stub_count(i, ctypes.byref(calls))
+        if name is None:
+            break
+        if calls.value:
+            counts.append(f"{name.decode()} {calls.value / 1000:g}")
+    return ", ".join(counts)
 
 
 def main():
@@ -25,18 +59,12 @@ def main():
         "add(x, y, stream=side)": lambda: cb.add(x, y, stream=side),
         "add(x, 1.0)": lambda: cb.add(x, 1.0),
     }
+    args = [a for a in sys.argv[1:] if a != "--driver-calls"]
+    measure = driver_calls if "--driver-calls" in sys.argv else time_call
     for name, call in cases.items():
-        if sys.argv[1:] and name not in sys.argv[1:]:
+        if args and name not in args:
             continue
-        best = float("inf")
-        for _ in range(7):
-            for _ in range(500):
-                call()
-            start = time.perf_counter_ns()
-            for _ in range(20000):
-                call()
-            best = min(best, (time.perf_counter_ns() - start) / 20000)
-        print(f"{name:32} {best:7.0f} ns", flush=True)
+        print(f"{name:32} {measure(call)}", flush=True)
 
 
 if __name__ == "__main__":
