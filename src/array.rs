@@ -213,35 +213,35 @@ impl Array {
 
     /// The same array, its memory recorded as written on `stream`, with `event` after that
     /// work. The record is kept with the memory, so every array over it sees it.
-    pub fn with_pending(&self, stream: Stream, event: impl Into<Arc<Event>>) -> Array {
+    pub fn with_pending(self, stream: Stream, event: impl Into<Arc<Event>>) -> Array {
         self.buffer.record_write(crate::cuda::stream::Write {
             stream,
             event: Some(event.into()),
         });
-        self.clone()
+        self
     }
 
     /// The same array, its memory recorded as written on the legacy default stream by the work
     /// queued there so far, with no event yet: one is recorded only when a consumer on another
     /// stream (or the host) needs it, which saves an event per kernel whose result is read on
     /// that stream, as it mostly is.
-    pub fn with_legacy_write(&self) -> Array {
+    pub fn with_legacy_write(self) -> Array {
         self.buffer.record_write(crate::cuda::stream::Write {
             stream: crate::cuda::stream::LEGACY,
             event: None,
         });
-        self.clone()
+        self
     }
 
     /// The same array, its memory recorded as written by the work queued so far on `stream` of
     /// its CUDA device: on the legacy default stream with no event yet (as
     /// [`Array::with_legacy_write`]), on any other with an event recorded now. Host memory is
     /// returned as it is.
-    pub fn written_on(&self, stream: Stream) -> Result<Array> {
+    pub fn written_on(self, stream: Stream) -> Result<Array> {
         Ok(match self.device {
             Device::Cuda(_) if stream == LEGACY => self.with_legacy_write(),
             Device::Cuda(n) => self.with_pending(stream, Event::record(stream, n)?),
-            _ => self.clone(),
+            _ => self,
         })
     }
 

@@ -479,18 +479,9 @@ impl<const N: usize> Coalesced<N> {
 
 /// Orders the dimensions of operands that share `shape` so that the first operand's strides
 /// fall from outermost to innermost (by magnitude; ties keep their order). For an elementwise
-/// operation the order of dimensions is free, and this one lets [`coalesce`] merge what the
+/// operation the order of dimensions is free, and this one lets [`coalesce_of`] merge what the
 /// first operand (the output) has contiguous and puts its unit stride innermost.
-pub fn order_by_first<const N: usize>(
-    shape: &[usize],
-    strides: [&[isize]; N],
-) -> (Vec<usize>, [Vec<isize>; N]) {
-    let (shape, strides) = order_by_first_of(shape, &strides);
-    (shape, to_array(strides))
-}
-
-/// [`order_by_first`] for any number of operands (users' kernels take as many as they declare).
-pub fn order_by_first_of(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
+pub fn order_by_first(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
     let mut order: Vec<usize> = (0..shape.len()).collect();
     if let Some(first) = strides.first() {
         order.sort_by_key(|&d| std::cmp::Reverse(first[d].unsigned_abs()));
@@ -601,15 +592,15 @@ mod tests {
     #[test]
     fn order_by_first_puts_the_outputs_unit_stride_last() {
         // out transposed (strides 1, 3), input contiguous (strides 2, 1).
-        let (shape, strides) = order_by_first(&[3, 2], [&[1, 3], &[2, 1]]);
+        let (shape, strides) = order_by_first(&[3, 2], &[&[1, 3], &[2, 1]]);
         assert_eq!(shape, vec![2, 3]);
         assert_eq!(strides, [vec![3, 1], vec![1, 2]]);
         // Once ordered, a transposed out and a transposed input merge into one dimension.
-        let (shape, strides) = order_by_first(&[3, 2], [&[1, 3], &[1, 3]]);
+        let (shape, strides) = order_by_first(&[3, 2], &[&[1, 3], &[1, 3]]);
         let plan = coalesce(&shape, [&strides[0], &strides[1]]);
         assert_eq!(plan.shape, vec![6]);
         // Negative strides count by magnitude; ties keep their order.
-        let (_, strides) = order_by_first(&[2, 2, 2], [&[-1, 4, -2], &[1, 2, 3]]);
+        let (_, strides) = order_by_first(&[2, 2, 2], &[&[-1, 4, -2], &[1, 2, 3]]);
         assert_eq!(strides, [vec![4, -2, -1], vec![2, 3, 1]]);
     }
 

@@ -18,7 +18,7 @@
 //! - indices are 32-bit where every index and element offset fits ([`kernels::fits_32_bits`]).
 
 use crate::cuda::kernels::{self, Index};
-use crate::layout::{coalesce_of, order_by_first_of, Coalesced, Dims};
+use crate::layout::{coalesce_of, order_by_first, Coalesced, Dims};
 
 /// What the plan needs of one operand that is walked per element (values passed among the
 /// kernel parameters and raw arrays are not operands of the loop).
@@ -100,7 +100,7 @@ impl Plan {
                 let mut led: Vec<&[isize]> = Vec::with_capacity(operands.len() + 1);
                 led.push(operands[lead].strides);
                 led.extend(&strides);
-                let (ordered, ordered_strides) = order_by_first_of(shape, &led);
+                let (ordered, ordered_strides) = order_by_first(shape, &led);
                 let refs: Vec<&[isize]> = ordered_strides[1..].iter().map(|s| &s[..]).collect();
                 coalesce_of(&ordered, &refs)
             }
