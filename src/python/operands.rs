@@ -158,7 +158,11 @@ pub(crate) fn take_arrays(
         let Some(obj) = obj else {
             continue;
         };
-        // numpy's arrays (host memory, no stream, never a copy) are read directly.
+        // cubridge's and numpy's arrays (no producer's stream, never a copy) are read directly.
+        if let Ok(a) = obj.cast::<PyArray>() {
+            arrays[k] = Some(a.get().inner.clone());
+            continue;
+        }
         if let Some(array) = super::import::ndarray::import(obj) {
             arrays[k] = Some(array);
             continue;

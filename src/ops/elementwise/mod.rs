@@ -129,7 +129,13 @@ impl ElementwiseKernel {
         if shape.iter().product::<usize>() == 0 {
             return call.allocate_outputs(&launch, shape);
         }
-        let inputs = call.inputs_over(shape)?;
+        let wide = call.broadcast_inputs(shape)?;
+        let nin = call.inputs.len();
+        // An input as the kernel sees it: broadcast to the loop's shape where it had another.
+        let input = |k: usize| match wide.iter().find(|w| w.0 == k) {
+            Some((_, x)) => Some(x),
+            None => call.array(k),
+        };
         // Outputs to allocate are planned as they will be: contiguous, aligned to any pack.
         let contiguous = match call.outputs.iter().any(Option::is_none) {
             true => Some(Layout::contiguous(shape)?),
@@ -141,25 +147,24 @@ impl ElementwiseKernel {
             address: 0,
             itemsize: call.dtypes[k].itemsize(),
         };
-        let before = |k: usize| match (inputs.get(k), call.array(k)) {
-            (Some(x), _) => Operand::of(x.as_deref().expect("an element input has an array")),
-            (None, Some(out)) => Operand::of(out),
-            (None, None) => new(k),
+        let before = |k: usize| match input(k) {
+            Some(x) => Operand::of(x),
+            None => new(k),
         };
         let mut plan = self.plan(call, before, shape);
         let mut function = self.function(launch.ordinal(), call, &plan)?;
         let outs = call.allocate_outputs(&launch, shape)?;
         let operand = |k: usize| -> &Array {
-            match inputs.get(k) {
-                Some(input) => input.as_deref().expect("an array operand"),
-                None => &outs[k - inputs.len()],
+            match k < nin {
+                true => input(k).expect("an array operand"),
+                false => &outs[k - nin],
             }
         };
         if plan.variant == Variant::Vector && outs.iter().any(|o| o.data_ptr() as usize % 16 != 0) {
             plan = self.plan(call, |k| Operand::of(operand(k)), shape);
             function = self.function(launch.ordinal(), call, &plan)?;
         }
-        let input_arrays = || inputs.iter().flatten().map(|a| &**a);
+        let input_arrays = || (0..nin).filter_map(input);
         launch.order(input_arrays().chain(&outs))?;
         // SAFETY: the caller's contract (the operation); `launch` ordered every operand, and
         // `function` is the plan's kernel for the call's signature on its device.
@@ -462,20 +467,17 @@ impl<'a> Call<'a> {
         Ok(outs)
     }
 
-    /// The inputs as the kernel sees them: element inputs broadcast to the loop's shape
-    /// (borrowed where they have it already), raw arrays whole, none for a value.
-    fn inputs_over(&self, shape: &[usize]) -> Result<Vec<Option<Cow<'a, Array>>>> {
-        let mut inputs = Vec::with_capacity(self.roles.len());
-        for k in 0..self.inputs.len() {
-            inputs.push(match (self.array(k), self.roles[k]) {
-                (Some(a), Role::Element) if a.shape() != shape => {
-                    Some(Cow::Owned(a.broadcast_to(shape)?))
-                }
-                (Some(a), _) => Some(Cow::Borrowed(a)),
-                (None, _) => None,
-            });
+    /// The element inputs whose shape is not the loop's, broadcast to it, each with its
+    /// parameter's index: none (and no allocation) when every input has the loop's shape.
+    fn broadcast_inputs(&self, shape: &[usize]) -> Result<Vec<(usize, Array)>> {
+        let mut wide = Vec::new();
+        for k in self.elements().take_while(|&k| k < self.inputs.len()) {
+            match self.array(k) {
+                Some(a) if a.shape() != shape => wide.push((k, a.broadcast_to(shape)?)),
+                _ => {}
+            }
         }
-        Ok(inputs)
+        Ok(wide)
     }
 
     /// The kernel's parameters in order: each operand as its role passes it.
