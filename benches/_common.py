@@ -49,6 +49,14 @@ def interleaved(fns, calls, rounds=7, warmup=200, sync=None):
     CUDA device synchronize, so the GPU work the calls queued counts; host-only benchmarks pass
     a no-op)."""
     import statistics
+
+    times = round_times(fns, calls, rounds, warmup, sync)
+    return {k: statistics.median((loop + end) / calls for loop, end in v) for k, v in times.items()}
+
+
+def round_times(fns, calls, rounds=7, warmup=200, sync=None):
+    """[`interleaved`]'s rounds, each kept: per function, a list of (seconds in the loop of
+    `calls` calls, seconds in the `sync` that ends the round)."""
     import time
 
     if sync is None:
@@ -65,9 +73,10 @@ def interleaved(fns, calls, rounds=7, warmup=200, sync=None):
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
+            t1 = time.perf_counter()
             sync()
-            times[k].append((time.perf_counter() - t0) / calls)
-    return {k: statistics.median(v) for k, v in times.items()}
+            times[k].append((t1 - t0, time.perf_counter() - t1))
+    return times
 
 
 def calls_for(n):
