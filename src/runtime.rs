@@ -348,13 +348,15 @@ impl Written {
         release: None,
     };
 
-    /// `array`'s last write where it may still be running (an event seen done is not lent).
+    /// `array`'s last write where it may still be running (an event already seen done is not
+    /// lent). The event is not queried: it may have been recorded into a graph being captured,
+    /// whose capture a query would invalidate.
     pub fn of(array: &Array) -> Written {
         let Some(w) = array.buffer().last_write() else {
             return Written::NONE;
         };
         match w.event {
-            Some(e) if e.is_done() => Written::NONE,
+            Some(e) if e.seen_done() => Written::NONE,
             Some(e) => {
                 let raw = e.raw();
                 let (context, release) = lend(e);

@@ -186,6 +186,13 @@ impl Event {
         )
     }
 
+    /// Whether the event was already seen done ([`Event::is_done`]), without asking the driver:
+    /// for places that must make no driver call, such as a call inside a graph capture, where
+    /// querying an event recorded into the capture would invalidate it.
+    pub fn seen_done(&self) -> bool {
+        self.done.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether the work before the event is done (an error counts as done: nothing more will
     /// happen on its account). Once seen done, the answer costs no driver call. Asked in the
     /// relaxed capture mode: a query is refused, and invalidates the capture, while a graph is
