@@ -44,12 +44,33 @@ pub(crate) fn publish(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// }
 /// ```
 pub fn prepare_extension(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let table = PyCapsule::import_pointer(m.py(), NAME)?;
+    let who = m.name()?.to_string();
+    let table =
+        PyCapsule::import_pointer(m.py(), NAME).map_err(|e| no_runtime(m.py(), &who, &e))?;
     // SAFETY: the capsule of this name is the `cubridge` module's static table, whose first two
     // fields are its ABI and version in every release; `adopt` reads the rest only where the
     // ABI is ours.
-    unsafe { crate::runtime::adopt(table.as_ptr().cast(), &m.name()?.to_string()) }?;
+    unsafe { crate::runtime::adopt(table.as_ptr().cast(), &who) }?;
     Ok(())
+}
+
+/// The `ImportError` for an installed `cubridge` module that serves no runtime table (a release
+/// from before the table, or a damaged install), naming both versions and what went wrong.
+fn no_runtime(py: Python<'_>, who: &str, why: &PyErr) -> PyErr {
+    let installed = py
+        .import("cubridge")
+        .and_then(|c| c.getattr("__version__"))
+        .and_then(|v| v.extract::<String>())
+        .unwrap_or_else(|_| "unknown".into());
+    crate::error::Error::Incompatible(format!(
+        "{who} was built with cubridge {} (runtime ABI {}), but the installed cubridge module \
+         (version {installed}) serves no runtime for extensions ({why}); install cubridge {} \
+         or rebuild {who} against the installed one",
+        crate::runtime::VERSION.to_string_lossy(),
+        crate::runtime::ABI,
+        crate::runtime::VERSION.to_string_lossy(),
+    ))
+    .into()
 }
 
 /// `Table::import`: `obj` as this module takes an extension's argument.
