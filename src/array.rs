@@ -172,13 +172,22 @@ impl Array {
     /// Records that a consumer reads this array's memory on `stream`: freeing it waits for the
     /// work queued there at that time (see [`crate::cuda::free`]).
     pub fn record_consumer(&self, stream: Stream) {
-        self.buffer.record_consumer(stream);
+        self.buffer.record_consumer(stream, self.ordinal());
     }
 
     /// Records a consumer of this array's memory whose stream is unknown: freeing it waits for
     /// the whole device, on a background thread.
     pub fn record_unknown_consumer(&self) {
-        self.buffer.record_unknown_consumer();
+        self.buffer.record_unknown_consumer(self.ordinal());
+    }
+
+    /// The CUDA device whose streams use this memory (device 0 for pinned and managed memory,
+    /// as cubridge allocates them there).
+    fn ordinal(&self) -> u32 {
+        match self.device {
+            Device::Cuda(n) => n,
+            _ => 0,
+        }
     }
 
     /// An array over an existing buffer.

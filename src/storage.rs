@@ -99,7 +99,8 @@ pub struct Buffer {
     /// after it. Kept with the memory, not with one array, so that every array over the buffer
     /// (the `out` a caller passed, views, clones) orders after a write through any of them.
     last_write: std::sync::Mutex<Option<Write>>,
-    /// Who else reads this memory, for its free to wait for (cubridge's own memory only).
+    /// Who else reads this memory: its free (cubridge's own memory) or the release of its
+    /// producer's tensor (a view's) waits for them.
     consumers: std::sync::Mutex<Consumers>,
 }
 
@@ -116,6 +117,15 @@ struct Consumers {
     /// cubridge's own kernels that used the memory: one per stream, the newest (a later event
     /// on a stream follows the earlier work there).
     kernels: Vec<Write>,
+    /// The device the consumers read on (for a view, whose buffer does not know its device).
+    ordinal: u32,
+}
+
+impl Consumers {
+    /// Whether a consumer was declared.
+    fn any(&self) -> bool {
+        self.unknown || !self.streams.is_empty()
+    }
 }
 
 // SAFETY: the pointer is only an address; its owner is Send + Sync (both Owner variants are), and
@@ -192,19 +202,25 @@ impl Buffer {
         matches!(self.owner, Owner::Storage(_))
     }
 
-    /// Whether this is CUDA memory cubridge allocated (whose free it orders).
-    fn is_owned_cuda(&self) -> bool {
-        matches!(self.owner, Owner::Storage(Storage::Cuda(_)))
+    /// Whether a consumer's reads of this memory are for cubridge to follow: its own CUDA
+    /// memory, whose free it orders, and views, whose producer's tensor it holds until they
+    /// have run (an extension's result, which is a view of cubridge's pool memory, among them).
+    fn follows_consumers(&self) -> bool {
+        matches!(
+            self.owner,
+            Owner::Storage(Storage::Cuda(_)) | Owner::Foreign(_)
+        )
     }
 
-    /// Records that a consumer reads this memory on `stream` (DLPack numbering): the free waits
-    /// for the work queued there when the memory is let go. Nothing to record for memory
-    /// cubridge does not own (its producer frees it).
-    pub fn record_consumer(&self, stream: crate::cuda::stream::Stream) {
-        if !self.is_owned_cuda() {
+    /// Records that a consumer reads this memory on `stream` (DLPack numbering) of device
+    /// `ordinal`: the free, or for a view the release of the producer's tensor, waits for the
+    /// work queued there when the memory is let go.
+    pub fn record_consumer(&self, stream: crate::cuda::stream::Stream, ordinal: u32) {
+        if !self.follows_consumers() {
             return;
         }
         let mut consumers = crate::lock(&self.consumers);
+        consumers.ordinal = ordinal;
         if consumers.unknown || consumers.streams.contains(&stream) {
             return;
         }
@@ -249,16 +265,54 @@ impl Buffer {
     }
 
     /// Records a consumer whose stream is unknown (the CUDA array interface, `stream=-1`, the
-    /// DLPack C exchange table) or a use by a captured graph: the free then waits for the device.
-    pub fn record_unknown_consumer(&self) {
-        if self.is_owned_cuda() {
-            crate::lock(&self.consumers).unknown = true;
+    /// DLPack C exchange table) or a use by a captured graph, on device `ordinal`: the free (or
+    /// the release of a view's producer) then waits for the device.
+    pub fn record_unknown_consumer(&self, ordinal: u32) {
+        if self.follows_consumers() {
+            let mut consumers = crate::lock(&self.consumers);
+            consumers.unknown = true;
+            consumers.ordinal = ordinal;
         }
+    }
+}
+
+/// Lets go of a view's producer (`held`) once the consumers' work queued so far has run: on
+/// the releaser after an event on each declared stream, or after the whole device where a
+/// stream is unknown or takes no event (destroyed, capturing). Never waits on the host.
+fn release_after(held: Box<dyn Any + Send + Sync>, consumers: &Consumers) {
+    use crate::cuda::stream::Event;
+    let ordinal = consumers.ordinal;
+    let events: Option<Vec<_>> = match consumers.unknown {
+        true => None,
+        false => consumers
+            .streams
+            .iter()
+            .map(|&s| match s.is_default() {
+                // The releaser records one there, after every blocking stream's work.
+                true => Ok((s, None)),
+                false => Event::record(s, ordinal).map(|e| (s, Some(Arc::new(e)))),
+            })
+            .collect::<Result<_>>()
+            .ok(),
+    };
+    let Some(events) = events else {
+        return crate::cuda::free::drop_after_device(ordinal, held);
+    };
+    let held: crate::cuda::release::KeepAlive = Arc::new(held);
+    for (stream, event) in events {
+        crate::cuda::release::keep_alive_until(event, vec![held.clone()], stream, ordinal);
     }
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if let Owner::Foreign(held) = &mut self.owner {
+            let consumers = self.consumers.get_mut().unwrap_or_else(|p| p.into_inner());
+            if consumers.any() {
+                release_after(std::mem::replace(held, Box::new(())), consumers);
+            }
+            return;
+        }
         // The allocation frees itself as it drops, after the uses handed to it here.
         if let Owner::Storage(Storage::Cuda(alloc)) = &mut self.owner {
             let write = self

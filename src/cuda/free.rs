@@ -59,7 +59,20 @@ pub(super) fn free(ptr: u64, kind: MemoryKind, uses: Uses) {
             return;
         }
     }
-    background(Job { ptr, kind, uses });
+    background(Job {
+        what: Freed::Memory(ptr, kind),
+        uses,
+    });
+}
+
+/// Drops `held`, which keeps another owner's memory on device `ordinal` valid, once the device
+/// has run everything queued so far: for a view of foreign memory that was exported to a
+/// consumer whose stream is unknown. On the background thread; the caller never waits.
+pub fn drop_after_device(ordinal: u32, held: Box<dyn std::any::Any + Send + Sync>) {
+    background(Job {
+        what: Freed::Held(ordinal, held),
+        uses: Uses::default(),
+    });
 }
 
 /// Queues the free of a pooled block after its uses, or fails (and queues nothing) when that
@@ -113,9 +126,28 @@ pub(super) fn free_stream(ordinal: u32) -> Result<Stream> {
 
 /// A free for the background thread.
 struct Job {
-    ptr: u64,
-    kind: MemoryKind,
+    what: Freed,
     uses: Uses,
+}
+
+/// What a job lets go of.
+enum Freed {
+    /// cubridge's own allocation.
+    Memory(u64, MemoryKind),
+    /// What keeps another owner's memory on a device valid.
+    Held(u32, Box<dyn std::any::Any + Send + Sync>),
+}
+
+impl Job {
+    /// The device whose work the job waits for.
+    fn ordinal(&self) -> u32 {
+        match self.what {
+            Freed::Memory(_, MemoryKind::Device { ordinal, .. }) | Freed::Held(ordinal, _) => {
+                ordinal
+            }
+            Freed::Memory(_, MemoryKind::Pinned | MemoryKind::Managed) => 0,
+        }
+    }
 }
 
 struct FreeQueue {
@@ -194,10 +226,7 @@ fn run(jobs: Vec<Job>) {
     wait_for_captures(&jobs);
     let mut waited: Vec<u32> = Vec::new();
     for job in &jobs {
-        let ordinal = match job.kind {
-            MemoryKind::Device { ordinal, .. } => ordinal,
-            MemoryKind::Pinned | MemoryKind::Managed => 0,
-        };
+        let ordinal = job.ordinal();
         if !waited.contains(&ordinal) {
             // Refused while a capture runs (one cubridge did not see begin): wait it out. Any
             // other error means the context is unusable: nothing runs on it any more.
@@ -211,9 +240,12 @@ fn run(jobs: Vec<Job>) {
         }
     }
     for job in jobs {
-        // SAFETY: each job owns its allocation, freed only here, after the device finished all
-        // work queued before the job was (the synchronize above).
-        unsafe { release_now(job.ptr, job.kind) };
+        match job.what {
+            // SAFETY: each job owns its allocation, freed only here, after the device finished
+            // all work queued before the job was (the synchronize above).
+            Freed::Memory(ptr, kind) => unsafe { release_now(ptr, kind) },
+            Freed::Held(_, held) => drop(held),
+        }
         drop(job.uses);
     }
 }
@@ -223,9 +255,8 @@ fn run(jobs: Vec<Job>) {
 fn wait_for_captures(jobs: &[Job]) {
     let mut streams: Vec<(u32, Stream)> = crate::lock(&CAPTURING).clone();
     for job in jobs {
-        if let MemoryKind::Device { ordinal, .. } = job.kind {
-            streams.extend(job.uses.streams.iter().map(|&s| (ordinal, s)));
-        }
+        let ordinal = job.ordinal();
+        streams.extend(job.uses.streams.iter().map(|&s| (ordinal, s)));
     }
     streams.retain(|&(_, s)| !s.is_default());
     for (ordinal, s) in streams {

@@ -103,8 +103,8 @@ pub fn keep_alive_until(
     keep_here(event, buffers, stream, ordinal);
 }
 
-/// [`keep_alive_until`] in this copy's own releaser.
-fn keep_here(event: Option<Arc<Event>>, buffers: Vec<KeepAlive>, stream: Stream, ordinal: u32) {
+/// Starts this copy's releaser thread, once.
+pub(super) fn start() {
     static START: Once = Once::new();
     START.call_once(|| {
         let spawned = std::thread::Builder::new()
@@ -112,6 +112,36 @@ fn keep_here(event: Option<Arc<Event>>, buffers: Vec<KeepAlive>, stream: Stream,
             .spawn(release_loop);
         queue().running = spawned.is_ok();
     });
+}
+
+/// Hands `buffers` to the releaser, to drop once the legacy default stream of device
+/// `ordinal` has run what is queued there when it next looks: for a thread that may neither
+/// call the driver nor drop them itself (the driver's own, destroying a graph's user object).
+/// Makes no driver call and drops nothing; after [`release_all`], or where the releaser thread
+/// could not be started ([`start`] first), they are leaked rather than dropped here.
+pub(super) fn adopt(buffers: Vec<KeepAlive>, ordinal: u32) {
+    let mut q = queue();
+    if q.stopped || !q.running {
+        drop(q);
+        std::mem::forget(buffers);
+        return;
+    }
+    q.entries.push(Pending {
+        event: None,
+        _buffers: buffers,
+        group: (std::thread::current().id(), ordinal, LEGACY),
+        context_lost: false,
+    });
+    let wake = q.idle;
+    drop(q);
+    if wake {
+        WAKE.notify_one();
+    }
+}
+
+/// [`keep_alive_until`] in this copy's own releaser.
+fn keep_here(event: Option<Arc<Event>>, buffers: Vec<KeepAlive>, stream: Stream, ordinal: u32) {
+    start();
     let entry = Pending {
         event,
         _buffers: buffers,
