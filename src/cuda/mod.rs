@@ -5,6 +5,7 @@
 pub mod context;
 pub mod disk_cache;
 pub mod free;
+pub mod graph;
 pub mod kernels;
 pub mod launch;
 pub mod memory;

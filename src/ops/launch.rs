@@ -61,9 +61,9 @@ pub fn kernel_device<'a>(
 /// When the stream is capturing a CUDA graph, the thread stays in the relaxed capture mode
 /// while the `Launch` lives (loading a module or allocating would otherwise end the capture),
 /// results come from memory outside the graph, and no events are recorded: the graph's replays
-/// use the operands at times nobody knows, so, as with PyTorch's graphs, the caller keeps them
-/// alive while it may replay, and cubridge frees its own memory that a graph used only after
-/// waiting for the device.
+/// use the operands at times nobody knows, so the graph itself holds them until it and its
+/// executable graphs are destroyed (see [`crate::cuda::graph`]), and their memory is let go of
+/// only after waiting for the device.
 pub struct Launch {
     ordinal: u32,
     stream: Stream,
@@ -164,11 +164,15 @@ impl Launch {
     {
         let all = inputs.into_iter().chain(outputs.clone());
         if self.is_capturing() {
-            // Memory of cubridge's that a graph uses is freed only after waiting for the device.
-            for operand in all {
-                operand.as_ref().record_unknown_consumer();
-            }
-            return Ok(());
+            // The graph holds its operands for as long as it can replay, and their memory is
+            // let go of only after waiting for the device.
+            let held = all
+                .map(|operand| {
+                    operand.as_ref().record_unknown_consumer();
+                    operand.as_ref().buffer().clone() as crate::cuda::release::KeepAlive
+                })
+                .collect();
+            return crate::cuda::graph::hold_in_capture(self.stream, self.ordinal, held);
         }
         // On the legacy default stream, which runs its work in order, an event recorded later
         // still follows this work: none is recorded now, only when somebody needs one (the
