@@ -151,21 +151,56 @@ def test_no_call_waits_for_unrelated_work_on_a_side_stream():
     assert not slow, f"calls that waited: {slow}; all: {report}"
 
 
+_FILL = 7.0
+_RAW = cb.RawKernel(
+    'extern "C" __global__ void fill7(float* x, long long n) {'
+    " long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] = 7.0f; }",
+    "fill7",
+)
+_DOUBLE_PLUS_ONE = cb.ElementwiseKernel("T x", "T z", "z = x + x + 1", "double_plus_one")
+
+
+def _result_of(path, n):
+    """A float32 CUDA array of `n` sevens made by one of cubridge's result-producing paths, with
+    what must stay alive beside it (nothing of the producer's own is kept: the test drops it)."""
+    if path == "full":
+        return cb.full((n,), _FILL, dtype="float32", device="cuda")
+    if path == "add":
+        return cb.add(torch.full((n,), 3.0, device="cuda"), 4.0)
+    if path == "elementwise":
+        return _DOUBLE_PLUS_ONE(torch.full((n,), 3.0, device="cuda"))
+    if path == "raw":
+        out = cb.empty((n,), dtype="float32", device="cuda")
+        _RAW(((n + 255) // 256,), (256,), (out, np.int64(n)))
+        return out
+    if path == "extension":
+        ext = pytest.importorskip("cubridge_example")
+        return ext.scaled_add(
+            torch.full((n,), 3.0, device="cuda"), torch.ones(n, device="cuda"), 2.0
+        )
+    if path == "torch_view":  # foreign memory: torch's caching allocator frees it
+        return cb.asarray(torch.full((n,), _FILL, device="cuda"))
+    raise AssertionError(path)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("path", ["full", "add", "elementwise", "raw", "extension", "torch_view"])
 @pytest.mark.parametrize("how", ["declared", "record_stream", "torch_from_dlpack", "cai"])
-def test_memory_is_not_reused_while_a_consumer_still_reads_it(how):
-    """A consumer reads a cubridge array on its own stream behind 0.3 s of work; the array and
-    its export are dropped at once and new arrays of the same size are written at once. The
-    consumer must still read the original values: the free waits for the consumer's stream."""
+def test_memory_is_not_reused_while_a_consumer_still_reads_it(how, path):
+    """Every path that makes a result goes through the same check: a consumer reads the result
+    on its own stream behind 0.3 s of work; the result and its export are dropped at once and
+    new arrays of the same size (cubridge's and torch's) are written at once. The consumer must
+    still read the original values: the memory is let go of only after the consumer's stream."""
     if how == "cai" and cupy is None:
         pytest.skip("cupy is not installed")
     n = 1 << 22
     settle()
     side = torch.cuda.Stream()
     got = torch.empty(n, device="cuda")
-    a = cb.full((n,), 7.0, dtype="float32", device="cuda")
+    a = _result_of(path, n)
     torch.cuda.synchronize()
+    time.sleep(0.02)  # what held the result's kernel has let go of it
     spin(0.3, side)
     with torch.cuda.stream(side):
         if how == "declared":
@@ -185,12 +220,14 @@ def test_memory_is_not_reused_while_a_consumer_still_reads_it(how):
     del a, t
     gc.collect()
     fresh = [cb.full((n,), -1.0, dtype="float32", device="cuda") for _ in range(4)]
-    reused = any(f.data_ptr == ptr for f in fresh)
+    fresh += [torch.full((n,), -1.0, device="cuda") for _ in range(4)]
+    reused = any(f.data_ptr == ptr for f in fresh[:4]) or any(
+        f.data_ptr() == ptr for f in fresh[4:]
+    )
     side.synchronize()
     torch.cuda.synchronize()
-    assert torch.equal(got, torch.full((n,), 7.0, device="cuda")), (
-        f"the consumer read memory that was reused under it (reused: {reused})"
-    )
+    bad = int((got != _FILL).sum())
+    assert bad == 0, f"the consumer read {bad} of {n} elements reused under it (reused: {reused})"
 
 
 @pytest.mark.whole_gpu
@@ -353,6 +390,85 @@ def test_allocating_add_is_captured_into_a_cuda_graph_and_replays():
         torch.testing.assert_close(torch.from_dlpack(e), want)
     del c, d, e, g
     settle()
+
+
+def _capture_torch(fn):
+    """`fn()` warmed up on a side stream, then captured into a torch graph: (graph, result)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def _capture_cupy(fn):
+    """The same with a CuPy stream capture: (graph, result, stream)."""
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        for _ in range(2):
+            fn(s)
+        s.synchronize()
+        s.begin_capture()
+        out = fn(s)
+        g = s.end_capture()
+    return g, out, s
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("framework", ["torch", "cupy"])
+def test_a_captured_result_lives_as_long_as_its_graph(framework):
+    """A users' kernel's result allocated inside a capture is dropped, other arrays take the
+    freed memory, and the graph is replayed: the replays must write the result's own memory,
+    never those arrays (the graph holds its memory), and once the graph is gone the memory is
+    given back."""
+    if framework == "cupy" and cupy is None:
+        pytest.skip("cupy is not installed")
+    n = 1 << 20
+    settle()
+    before = cb.cuda.memory_stats()["allocated_bytes"]
+    k = cb.ElementwiseKernel("T x, T y", "T z", "z = x + y", "captured_sum")
+    if framework == "torch":
+        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        g, z = _capture_torch(lambda: k(x, y))
+        want, s = x + y, None
+    else:
+        x, y = cupy.random.randn(n, dtype=cupy.float32), cupy.random.randn(n, dtype=cupy.float32)
+        g, z, s = _capture_cupy(lambda s: k(x, y, stream=s))
+        want = torch.from_dlpack(x + y)
+
+    def replay():
+        g.replay() if s is None else g.launch(s)
+        torch.cuda.synchronize()
+        if s is not None:
+            s.synchronize()
+
+    replay()
+    torch.testing.assert_close(torch.from_dlpack(z).clone(), want)
+    del z
+    gc.collect()
+    torch.cuda.synchronize()
+    others = [cb.full((n,), -3.0, dtype="float32", device="cuda") for _ in range(8)]
+    for _ in range(3):
+        replay()
+    for o in others:
+        assert bool((torch.from_dlpack(o) == -3.0).all()), "a replay wrote memory it gave back"
+    del others, replay
+    g = None
+    gc.collect()
+    # The driver hands the graph's memory back from a thread of its own, then cubridge's
+    # background threads free it after waiting for the device.
+    deadline = time.monotonic() + 5
+    while cb.cuda.memory_stats()["allocated_bytes"] > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+        settle()
+    assert cb.cuda.memory_stats()["allocated_bytes"] <= before
 
 
 @pytest.mark.cuda

@@ -117,6 +117,24 @@ except ImportError as e:
     assert "9.9.9 (runtime ABI 999)" in out.stdout and "cubridge_example" in out.stdout
 
 
+@pytest.mark.parametrize("replacement", ["del m._runtime", "m._runtime = 'not a capsule'"])
+def test_a_module_without_the_runtime_is_an_import_error_naming_both_versions(replacement):
+    # An installed cubridge module that serves no table (missing, or not the capsule) refuses
+    # the extension with the documented ImportError, not an AttributeError.
+    code = f"""
+import cubridge._cubridge as m
+{replacement}
+try:
+    import cubridge_example
+except ImportError as e:
+    print("refused:", e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "refused:" in out.stdout, out.stdout + out.stderr
+    assert f"built with cubridge {cb.__version__} (runtime ABI 1)" in out.stdout
+    assert f"(version {cb.__version__})" in out.stdout and "cubridge_example" in out.stdout
+
+
 def _threads_named(prefix):
     names = []
     for task in os.listdir("/proc/self/task"):
@@ -184,3 +202,40 @@ def test_a_cubridge_array_still_being_written_on_another_stream_is_waited_for():
     z = ext.scaled_add(x, y, 3.0)
     torch.cuda.synchronize()
     np.testing.assert_array_equal(torch.from_dlpack(z).cpu().numpy(), np.full(n, 7, np.float32))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_an_extension_call_is_captured_into_a_torch_graph_and_its_memory_lives_with_it():
+    # Warmed up on a side stream as torch's docs ask, then captured on torch's capturing stream:
+    # the capture stays valid, replays compute on the inputs' new values, and the result's
+    # memory (the cubridge module's, lent to the extension) is not given back while the graph
+    # lives, even once the result itself is dropped.
+    import gc
+
+    n = 1 << 20
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            ext.scaled_add(x, y, 2.0)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        z = ext.scaled_add(x, y, 2.0)
+    for _ in range(2):
+        x.copy_(torch.randn(n, device="cuda"))
+        y.copy_(torch.randn(n, device="cuda"))
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(torch.from_dlpack(z), 2.0 * x + y)
+    del z
+    gc.collect()
+    torch.cuda.synchronize()
+    others = [cb.full((n,), -3.0, dtype="float32", device="cuda") for _ in range(8)]
+    for _ in range(2):
+        g.replay()
+    torch.cuda.synchronize()
+    assert all(bool((torch.from_dlpack(o) == -3.0).all()) for o in others)
