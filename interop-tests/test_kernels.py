@@ -8,7 +8,7 @@ import time
 import cubridge as cb
 import numpy as np
 import pytest
-from conftest import NUMPY_DTYPES, _try_import, sample, torch
+from conftest import NUMPY_DTYPES, _try_import, jnp, sample, torch
 
 cupy = _try_import("cupy")
 HAS_GPU = cb.cuda.is_available() and torch is not None and torch.cuda.is_available()
@@ -57,6 +57,47 @@ def test_raw_kernel_refuses_python_scalars():
     r = cb.RawKernel('extern "C" __global__ void f(int n) {}', "f")
     with pytest.raises(TypeError, match=r"numpy.int32\(n\)"):
         r(1, 32, (3,))
+
+
+def _read_only_numpy():
+    ro = np.arange(4, dtype=np.float32)
+    ro.flags.writeable = False
+    return ro
+
+
+# Arrays whose producers do not allow writes, each made as it reaches a kernel: a read-only numpy
+# array, a READ_ONLY DLPack capsule, a tensor that requires grad, a JAX array, and cubridge's
+# imports of them.
+READ_ONLY = {
+    "numpy": _read_only_numpy,
+    "cubridge": lambda: cb.asarray(_read_only_numpy()),
+    "capsule": lambda: cb.asarray(_read_only_numpy()).__dlpack__(max_version=(1, 0)),
+    "from capsule": lambda: cb.from_dlpack(
+        cb.asarray(_read_only_numpy()).__dlpack__(max_version=(1, 0))
+    ),
+    "torch": lambda: torch.nn.Parameter(torch.arange(4.0)),
+    "cubridge of torch": lambda: cb.asarray(torch.nn.Parameter(torch.arange(4.0))),
+    "jax": lambda: jnp.arange(4, dtype=jnp.float32),
+    "cubridge of jax": lambda: cb.asarray(jnp.arange(4, dtype=jnp.float32)),
+}
+
+
+@pytest.mark.parametrize("name", list(READ_ONLY))
+def test_raw_kernel_refuses_read_only_arrays_unless_told(name):
+    """A raw kernel may write any array it is given: a read-only one, however it comes (the
+    producer's object or cubridge's import of it), is refused with a ValueError that says how to
+    pass it on purpose; readonly_ok=True passes it (here the call then needs CUDA)."""
+    if ("torch" in name and torch is None) or ("jax" in name and jnp is None):
+        pytest.skip(f"{name} needs a library that is not installed")
+    make = READ_ONLY[name]
+    r = cb.RawKernel('extern "C" __global__ void f(const float* x, float* y) {}', "f")
+    with pytest.raises(ValueError, match=r"argument 0 is read-only.*readonly_ok=True"):
+        r(1, 32, (make(), np.zeros(4, np.float32)))
+    with pytest.raises(ValueError, match="argument 1 is read-only"):
+        r(1, 32, (np.zeros(4, np.float32), make()))
+    if not cb.cuda.is_available():
+        with pytest.raises(cb.CudaUnavailableError):
+            r(1, 32, (make(), np.zeros(4, np.float32)), readonly_ok=True)
 
 
 # --- ElementwiseKernel on the GPU ---------------------------------------------------------------
@@ -402,6 +443,27 @@ def test_raw_kernel_errors_and_stream_order():
         k(1, 32, (x, y, np.float32(2.0), np.int32(8)))
     torch.cuda.synchronize()
     assert (y == 6.0).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_kernel_reads_read_only_arrays_when_told():
+    """A tensor that requires grad, or cubridge's import of it, is refused as a raw kernel's
+    argument (nothing runs) unless readonly_ok=True, and then read in place."""
+    n = 1000
+    w = torch.nn.Parameter(torch.arange(n, dtype=torch.float32, device="cuda"))
+    y = torch.zeros(n, device="cuda")
+    k = cb.RawKernel(SCALE, "scale")
+    grid = (n + 255) // 256
+    for x in (w, cb.asarray(w)):
+        with pytest.raises(ValueError, match="readonly_ok=True"):
+            k(grid, 256, (x, y, np.float32(2.0), np.int32(n)))
+    torch.cuda.synchronize()
+    assert (y == 0).all()
+    for x in (w, cb.asarray(w)):
+        y.zero_()
+        k(grid, 256, (x, y, np.float32(2.0), np.int32(n)), readonly_ok=True)
+        torch.testing.assert_close(y, 2 * w.detach(), rtol=0, atol=0)
 
 
 @pytest.mark.cuda

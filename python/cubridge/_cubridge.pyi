@@ -168,7 +168,14 @@ class ElementwiseKernel:
 
 @final
 class RawKernel:
-    """A CUDA kernel from source (``extern "C"``), launched on arrays of any producer."""
+    """A CUDA kernel from source (``extern "C"``), launched on arrays of any producer.
+
+    Each array is passed as a pointer, which the kernel may write. cubridge cannot see which
+    pointers it writes, so an array whose producer does not allow writes (a tensor that requires
+    grad, a JAX array, a read-only numpy array or DLPack export, or cubridge's import of one) is
+    refused with ValueError; pass ``readonly_ok=True`` when the kernel only reads the read-only
+    arrays it is given.
+    """
 
     def __new__(cls, source: str, name: str, options: Sequence[str] | None = None) -> RawKernel: ...
     @property
@@ -182,4 +189,5 @@ class RawKernel:
         *,
         shared_mem: int = 0,
         stream: Any | None = None,
+        readonly_ok: bool = False,
     ) -> None: ...

@@ -168,7 +168,13 @@ fn returned(
     Ok(PyTuple::new(py, all)?.into_any().unbind())
 }
 
-/// A CUDA kernel from source, launched on arrays of any producer.
+/// A CUDA kernel from source (`extern "C"`), launched on arrays of any producer.
+///
+/// Each array is passed as a pointer, which the kernel may write. cubridge cannot see which
+/// pointers it writes, so an array whose producer does not allow writes (a tensor that requires
+/// grad, a JAX array, a read-only numpy array or DLPack export, or cubridge's import of one) is
+/// refused with ValueError; pass `readonly_ok=True` when the kernel only reads the read-only
+/// arrays it is given.
 #[pyclass(name = "RawKernel", module = "cubridge", frozen)]
 pub struct PyRawKernel {
     inner: RawKernel,
@@ -242,17 +248,19 @@ impl PyRawKernel {
     }
 
     /// Launches `grid` blocks of `block` threads with `args`: arrays of any producer (passed as
-    /// pointers) and numpy scalars (passed as their C type).
-    #[pyo3(signature = (grid, block, args, *, shared_mem=0, stream=None))]
+    /// pointers) and numpy scalars (passed as their C type). A read-only array is refused unless
+    /// `readonly_ok` says the kernel only reads it.
+    #[pyo3(signature = (grid, block, args, *, shared_mem=0, stream=None, readonly_ok=false))]
     fn __call__(
         &self,
-        py: Python<'_>,
         grid: &Bound<'_, PyAny>,
         block: &Bound<'_, PyAny>,
         args: &Bound<'_, PyAny>,
         shared_mem: u32,
         stream: Option<&Bound<'_, PyAny>>,
+        readonly_ok: bool,
     ) -> PyResult<()> {
+        let py = args.py();
         let _restore = crate::cuda::context::Restore::new();
         let _later = crate::cuda::release::DropLater::new();
         let (grid, block) = (
@@ -274,7 +282,7 @@ impl PyRawKernel {
             }
         }
         let refs: Vec<Option<&Bound<'_, PyAny>>> = objs.iter().map(Some).collect();
-        // The kernel may write any array it is given: each must be the producer's own memory.
+        // The kernel may write any array it is given: those it must not write come in read-only.
         let access = vec![Access::Any; objs.len()];
         let mut operands = import_operands(&refs, &access, super::stream::parse(stream)?)?;
         let args: Vec<Arg> = std::mem::take(&mut operands.items)
@@ -285,10 +293,11 @@ impl PyRawKernel {
             operands.order()?;
             // SAFETY: the kernel and its argument list are the Python user's, trusted as CuPy
             // trusts a RawKernel's: its parameters are one pointer per array and one C value per
-            // numpy scalar, in order, and it stays inside the arrays it is given.
+            // numpy scalar, in order, and it stays inside the arrays it is given (and, with
+            // readonly_ok, writes none of the read-only ones).
             unsafe {
-                self.inner
-                    .launch(grid, block, &args, shared_mem, operands.stream)
+                let stream = operands.stream;
+                (self.inner).launch(grid, block, &args, shared_mem, stream, readonly_ok)
             }
         })?;
         Ok(())
