@@ -26,7 +26,6 @@ needs_cupy = pytest.mark.skipif(cupy is None, reason="cupy is not installed")
         ("float32", "float32 z", "TYPE NAME"),
         ("float32 i", "float32 z", "cannot name a parameter"),
         ("float32 x", "float32 x", "declared twice"),
-        ("float32 x", "", "at least one output"),
         ("T x, float32 T", "T z", "also a parameter"),
     ],
 )
@@ -98,6 +97,94 @@ def test_raw_kernel_refuses_read_only_arrays_unless_told(name):
     if not cb.cuda.is_available():
         with pytest.raises(cb.CudaUnavailableError):
             r(1, 32, (make(), np.zeros(4, np.float32)), readonly_ok=True)
+
+
+def _size_rule_kernel(ins, outs):
+    """A kernel that does nothing, with each input and output raw (True) or not, as CuPy's tests
+    of `size=` make them."""
+
+    def params(raws, prefix):
+        return ", ".join(
+            f"{'raw ' if raw else ''}float32 {prefix}{k}" for k, raw in enumerate(raws)
+        )
+
+    return cb.ElementwiseKernel(params(ins, "x"), params(outs, "y"), "", "size_rule")
+
+
+# CuPy's rules for `size=` (its TestElementwiseKernelSize): given (inputs raw?, outputs raw?),
+# the arguments ("a" a 2-element array, "7" a scalar; an argument past the inputs is an output)
+# and size=, the call runs ("ok"), needs size= ("needs size") or refuses it ("no size"). A raw
+# output left out is allocated only with size=.
+SIZE_RULES = [
+    ((True, True), (False,), "a a", 2, "ok"),
+    ((True, True), (False,), "a a", None, "needs size"),
+    ((True, True), (True,), "a a", 2, "ok"),
+    ((True, True), (True,), "a a", None, "needs size"),
+    ((False, False), (False,), "a a", 2, "no size"),
+    ((False, False), (True,), "a a", 2, "no size"),
+    ((False, False), (True,), "a a", None, "raw output"),
+    ((True, False), (False,), "a a", 2, "no size"),
+    ((False, True), (False,), "a a", 2, "no size"),
+    ((True, False), (True,), "a a", 2, "no size"),
+    ((False, True), (True,), "a a", 2, "no size"),
+    ((False, False), (False,), "a 7", 2, "no size"),
+    ((False, False), (False,), "7 a", 2, "no size"),
+    ((False, False), (True,), "a 7", 2, "no size"),
+    ((False, False, True), (False,), "a 7 a", 2, "no size"),
+    ((False, False, True), (True,), "a 7 a", 2, "no size"),
+    ((True, False), (False,), "a 7", 2, "ok"),
+    ((True, False), (False,), "a 7", None, "needs size"),
+    ((False, True), (False,), "7 a", 2, "ok"),
+    ((False, True), (False,), "7 a", None, "needs size"),
+    ((True, False), (True,), "a 7", 2, "ok"),
+    ((False, True), (True,), "7 a", None, "needs size"),
+    ((True,), (False,), "a a", None, "ok"),
+    ((True,), (False,), "a a", 2, "no size"),
+    ((False,), (False,), "a a", None, "ok"),
+    ((False,), (False,), "7 a", 2, "no size"),
+    ((), (False,), "a", None, "ok"),
+    ((), (False,), "a", 2, "no size"),
+    ((), (True,), "a", 2, "ok"),
+    ((), (True,), "a", None, "needs size"),
+    ((True,), (), "a", 2, "ok"),
+    ((True,), (), "a", None, "needs size"),
+    ((False,), (), "a", None, "ok"),
+    ((False,), (), "a", 2, "no size"),
+]
+
+
+@pytest.mark.parametrize(("ins", "outs", "args", "size", "expect"), SIZE_RULES)
+def test_size_follows_cupys_rules(ins, outs, args, size, expect):
+    """size= is required where every array is raw and refused otherwise (ValueError, as CuPy);
+    kernels without outputs are made and run. On a machine without CUDA an accepted call gets
+    as far as needing it."""
+    kernel = _size_rule_kernel(ins, outs)
+
+    def array():
+        if HAS_GPU:
+            return torch.zeros(2, device="cuda")
+        return np.zeros(2, np.float32)
+
+    call = [array() if a == "a" else 7 for a in args.split()]
+
+    def run():
+        return kernel(*call, size=size)
+
+    if expect == "ok" and HAS_GPU:
+        run()
+    elif expect == "ok":
+        if cb.cuda.is_available():
+            pytest.skip("CUDA without torch's: the accepted calls are run where both are")
+        with pytest.raises(cb.CudaUnavailableError):
+            run()
+    else:
+        message = {
+            "needs size": "pass size=",
+            "no size": "size=2 can be given only when every array is raw",
+            "raw output": "raw output y0 has no shape of its own",
+        }[expect]
+        with pytest.raises(ValueError, match=message):
+            run()
 
 
 # --- ElementwiseKernel on the GPU ---------------------------------------------------------------
@@ -260,6 +347,48 @@ def test_raw_parameters_index_and_size():
     np.testing.assert_array_equal(z2.cpu().numpy().reshape(-1), 2 * np.arange(20, dtype=np.float32))
     with pytest.raises(ValueError, match="size="):
         fill(w, torch.zeros(10, device="cuda"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_outputs_are_allocated_with_size():
+    """A raw output left out is allocated with size= elements, as CuPy's are."""
+    n = 100
+    raw_sum = cb.ElementwiseKernel("raw T x, raw T y", "raw T z", "z[i] = x[i] + y[i]", "raw_sum")
+    x, y = sample((n,), "float32", 1), sample((n,), "float32", 2)
+    z = raw_sum(_t(x), _t(y), size=n)
+    assert z.shape == (n,) and z.dtype == cb.float32
+    np.testing.assert_array_equal(_host(z), x + y)
+    # With an element input setting the loop, the raw output has no size: it must be passed.
+    gather = cb.ElementwiseKernel("T x", "raw T z", "z[i] = x", "raw_out")
+    with pytest.raises(ValueError, match="raw output z"):
+        gather(_t(x))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_kernels_without_outputs_write_raw_inputs_in_stream_order():
+    """A kernel without outputs runs (returning an empty tuple, as CuPy's) and writes through its
+    raw inputs; those writes are recorded, so work on another stream waits for them."""
+    n = 1 << 20
+    double_into = cb.ElementwiseKernel("T x, raw T y", "", "y[i] = x * 2", "double_into")
+    x = torch.arange(n, dtype=torch.float32, device="cuda")
+    y = cb.zeros(n, dtype=cb.float32, device="cuda")
+    side = torch.cuda.Stream()
+    cycles = int(0.1 * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        assert double_into(x, y) == ()  # on torch's current stream, behind the sleep
+    # On the legacy default stream: waits for the write of y on the side stream.
+    copied = cb.add(y, 0.0, stream=1)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(_host(copied), 2 * np.arange(n, dtype=np.float32))
+    # Only raw arrays: size= sets the loop.
+    fill = cb.ElementwiseKernel("raw T y, T v", "", "y[i] = v", "fill_raw")
+    t = torch.zeros(10, device="cuda")
+    assert fill(t, np.float32(3), size=4) == ()
+    np.testing.assert_array_equal(t.cpu().numpy(), [3, 3, 3, 3, 0, 0, 0, 0, 0, 0])
 
 
 @pytest.mark.cuda

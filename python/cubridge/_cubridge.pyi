@@ -145,7 +145,12 @@ _runtime: object
 
 @final
 class ElementwiseKernel:
-    """An elementwise kernel in CuPy's syntax, run on CUDA arrays of any producer."""
+    """An elementwise kernel in CuPy's syntax, run on CUDA arrays of any producer.
+
+    As in CuPy, ``size=`` gives the number of indices where every array is raw (and is refused
+    otherwise), raw outputs left out are allocated with ``size`` elements, and a kernel may have
+    no outputs (``out_params=""``), writing through raw inputs; it then returns ``()``.
+    """
 
     def __new__(
         cls,

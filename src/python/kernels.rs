@@ -12,6 +12,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 /// An elementwise kernel in CuPy's syntax, callable on arrays of any producer.
+///
+/// As in CuPy, `size=` gives the number of indices where every array is raw (and is refused
+/// otherwise), raw outputs left out are allocated with `size` elements, and a kernel may have
+/// no outputs (`out_params=""`), writing through raw inputs; it then returns `()`.
 #[pyclass(name = "ElementwiseKernel", module = "cubridge", frozen)]
 pub struct PyElementwiseKernel {
     inner: ElementwiseKernel,
@@ -74,6 +78,8 @@ impl PyElementwiseKernel {
     }
 
     /// Runs the kernel: inputs, then optionally the outputs (positionally or as `out=`).
+    /// `size` sets the number of indices where every array is raw (and only then), and the
+    /// length of raw outputs to allocate.
     #[pyo3(signature = (*args, out=None, stream=None, size=None))]
     fn __call__(
         &self,
@@ -127,13 +133,13 @@ fn outputs_passed<'py>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
-    if args.len() == nin + nout {
+    if args.len() == nin {
+        out_objects(out, nout)
+    } else if args.len() == nin + nout {
         if out.is_some_and(|o| !o.is_none()) {
             return Err(Error::wrong_type("outputs given both positionally and as out=").into());
         }
         Ok(args[nin..].iter().map(|o| Some(o.clone())).collect())
-    } else if args.len() == nin {
-        out_objects(out, nout)
     } else {
         Err(Error::wrong_type(format!(
             "{} takes {nin} input(s), optionally followed by its {nout} output(s); got {} \
@@ -146,7 +152,8 @@ fn outputs_passed<'py>(
 }
 
 /// What a call returns: outputs given as themselves (like numpy's `out=`), new ones as arrays;
-/// one output alone, several as a tuple.
+/// one output alone, several (or none, as CuPy returns for a kernel without outputs) as a
+/// tuple.
 fn returned(
     py: Python<'_>,
     outs: Vec<Option<Bound<'_, PyAny>>>,
