@@ -3,12 +3,13 @@ every machine; kernels run (marked ``cuda``) on torch, CuPy and cubridge arrays,
 compared with numpy or torch."""
 
 import gc
+import os
 import time
 
 import cubridge as cb
 import numpy as np
 import pytest
-from conftest import NUMPY_DTYPES, _try_import, jnp, sample, torch
+from conftest import NUMPY_DTYPES, _try_import, jnp, run_child, sample, torch
 
 cupy = _try_import("cupy")
 HAS_GPU = cb.cuda.is_available() and torch is not None and torch.cuda.is_available()
@@ -593,6 +594,40 @@ def test_raw_kernel_reads_read_only_arrays_when_told():
         y.zero_()
         k(grid, 256, (x, y, np.float32(2.0), np.int32(n)), readonly_ok=True)
         torch.testing.assert_close(y, 2 * w.detach(), rtol=0, atol=0)
+
+
+# A kernel that launches a kernel (dynamic parallelism): relocatable device code.
+DYNAMIC = r"""
+extern "C" __global__ void child(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2 * y[i] + 1;
+}
+extern "C" __global__ void parent(float* y, int n) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) child<<<(n + 255) / 256, 256>>>(y, n);
+}
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("option", ["-rdc=true", "--relocatable-device-code=true", "-dc"])
+def test_relocatable_device_code_is_linked_with_the_device_runtime(option, tmp_path):
+    """Relocatable code failed to load (CUDA_ERROR_NOT_FOUND): it is now linked with the CUDA
+    device runtime, and the linked cubin is what the disk cache keeps, so a process without
+    NVRTC loads it from there."""
+    code = (
+        "import numpy as np, torch, cubridge as cb\n"
+        "n = 1000\n"
+        "y = torch.arange(n, dtype=torch.float32, device='cuda')\n"
+        f"k = cb.RawKernel({DYNAMIC!r}, 'parent', options=({option!r},))\n"
+        "k(1, 32, (y, np.int32(n)))\n"
+        "torch.cuda.synchronize()\n"
+        "np.testing.assert_array_equal(y.cpu().numpy(), 2 * np.arange(n, dtype=np.float32) + 1)\n"
+    )
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
+    run_child(code, env)
+    assert len(list(tmp_path.glob("*.bin"))) == 1
+    run_child(code, dict(env, CUBRIDGE_NVRTC="0"))
 
 
 @pytest.mark.cuda

@@ -7,6 +7,7 @@ pub mod disk_cache;
 pub mod free;
 pub mod kernels;
 pub mod launch;
+pub mod link;
 pub mod memory;
 pub mod nvrtc;
 pub mod release;

@@ -182,6 +182,10 @@ fn returned(
 /// grad, a JAX array, a read-only numpy array or DLPack export, or cubridge's import of one) is
 /// refused with ValueError; pass `readonly_ok=True` when the kernel only reads the read-only
 /// arrays it is given.
+///
+/// Relocatable device code (options `-rdc=true` or `-dc`: device-side launches) is linked with
+/// the CUDA device runtime, `libcudadevrt.a`, looked for where NVRTC is (the `nvidia` pip
+/// packages, `CUDA_HOME/lib64`); the linked code is what the disk cache keeps.
 #[pyclass(name = "RawKernel", module = "cubridge", frozen)]
 pub struct PyRawKernel {
     inner: RawKernel,
