@@ -3,12 +3,13 @@ every machine; kernels run (marked ``cuda``) on torch, CuPy and cubridge arrays,
 compared with numpy or torch."""
 
 import gc
+import os
 import time
 
 import cubridge as cb
 import numpy as np
 import pytest
-from conftest import NUMPY_DTYPES, _try_import, sample, torch
+from conftest import NUMPY_DTYPES, _try_import, jnp, run_child, sample, torch
 
 cupy = _try_import("cupy")
 HAS_GPU = cb.cuda.is_available() and torch is not None and torch.cuda.is_available()
@@ -26,7 +27,6 @@ needs_cupy = pytest.mark.skipif(cupy is None, reason="cupy is not installed")
         ("float32", "float32 z", "TYPE NAME"),
         ("float32 i", "float32 z", "cannot name a parameter"),
         ("float32 x", "float32 x", "declared twice"),
-        ("float32 x", "", "at least one output"),
         ("T x, float32 T", "T z", "also a parameter"),
     ],
 )
@@ -57,6 +57,135 @@ def test_raw_kernel_refuses_python_scalars():
     r = cb.RawKernel('extern "C" __global__ void f(int n) {}', "f")
     with pytest.raises(TypeError, match=r"numpy.int32\(n\)"):
         r(1, 32, (3,))
+
+
+def _read_only_numpy():
+    ro = np.arange(4, dtype=np.float32)
+    ro.flags.writeable = False
+    return ro
+
+
+# Arrays whose producers do not allow writes, each made as it reaches a kernel: a read-only numpy
+# array, a READ_ONLY DLPack capsule, a tensor that requires grad, a JAX array, and cubridge's
+# imports of them.
+READ_ONLY = {
+    "numpy": _read_only_numpy,
+    "cubridge": lambda: cb.asarray(_read_only_numpy()),
+    "capsule": lambda: cb.asarray(_read_only_numpy()).__dlpack__(max_version=(1, 0)),
+    "from capsule": lambda: cb.from_dlpack(
+        cb.asarray(_read_only_numpy()).__dlpack__(max_version=(1, 0))
+    ),
+    "torch": lambda: torch.nn.Parameter(torch.arange(4.0)),
+    "cubridge of torch": lambda: cb.asarray(torch.nn.Parameter(torch.arange(4.0))),
+    "jax": lambda: jnp.arange(4, dtype=jnp.float32),
+    "cubridge of jax": lambda: cb.asarray(jnp.arange(4, dtype=jnp.float32)),
+}
+
+
+@pytest.mark.parametrize("name", list(READ_ONLY))
+def test_raw_kernel_refuses_read_only_arrays_unless_told(name):
+    """A raw kernel may write any array it is given: a read-only one, however it comes (the
+    producer's object or cubridge's import of it), is refused with a ValueError that says how to
+    pass it on purpose; readonly_ok=True passes it (here the call then needs CUDA)."""
+    if ("torch" in name and torch is None) or ("jax" in name and jnp is None):
+        pytest.skip(f"{name} needs a library that is not installed")
+    make = READ_ONLY[name]
+    r = cb.RawKernel('extern "C" __global__ void f(const float* x, float* y) {}', "f")
+    with pytest.raises(ValueError, match=r"argument 0 is read-only.*readonly_ok=True"):
+        r(1, 32, (make(), np.zeros(4, np.float32)))
+    with pytest.raises(ValueError, match="argument 1 is read-only"):
+        r(1, 32, (np.zeros(4, np.float32), make()))
+    if not cb.cuda.is_available():
+        with pytest.raises(cb.CudaUnavailableError):
+            r(1, 32, (make(), np.zeros(4, np.float32)), readonly_ok=True)
+
+
+def _size_rule_kernel(ins, outs):
+    """A kernel that does nothing, with each input and output raw (True) or not, as CuPy's tests
+    of `size=` make them."""
+
+    def params(raws, prefix):
+        return ", ".join(
+            f"{'raw ' if raw else ''}float32 {prefix}{k}" for k, raw in enumerate(raws)
+        )
+
+    return cb.ElementwiseKernel(params(ins, "x"), params(outs, "y"), "", "size_rule")
+
+
+# CuPy's rules for `size=` (its TestElementwiseKernelSize): given (inputs raw?, outputs raw?),
+# the arguments ("a" a 2-element array, "7" a scalar; an argument past the inputs is an output)
+# and size=, the call runs ("ok"), needs size= ("needs size") or refuses it ("no size"). A raw
+# output left out is allocated only with size=.
+SIZE_RULES = [
+    ((True, True), (False,), "a a", 2, "ok"),
+    ((True, True), (False,), "a a", None, "needs size"),
+    ((True, True), (True,), "a a", 2, "ok"),
+    ((True, True), (True,), "a a", None, "needs size"),
+    ((False, False), (False,), "a a", 2, "no size"),
+    ((False, False), (True,), "a a", 2, "no size"),
+    ((False, False), (True,), "a a", None, "raw output"),
+    ((True, False), (False,), "a a", 2, "no size"),
+    ((False, True), (False,), "a a", 2, "no size"),
+    ((True, False), (True,), "a a", 2, "no size"),
+    ((False, True), (True,), "a a", 2, "no size"),
+    ((False, False), (False,), "a 7", 2, "no size"),
+    ((False, False), (False,), "7 a", 2, "no size"),
+    ((False, False), (True,), "a 7", 2, "no size"),
+    ((False, False, True), (False,), "a 7 a", 2, "no size"),
+    ((False, False, True), (True,), "a 7 a", 2, "no size"),
+    ((True, False), (False,), "a 7", 2, "ok"),
+    ((True, False), (False,), "a 7", None, "needs size"),
+    ((False, True), (False,), "7 a", 2, "ok"),
+    ((False, True), (False,), "7 a", None, "needs size"),
+    ((True, False), (True,), "a 7", 2, "ok"),
+    ((False, True), (True,), "7 a", None, "needs size"),
+    ((True,), (False,), "a a", None, "ok"),
+    ((True,), (False,), "a a", 2, "no size"),
+    ((False,), (False,), "a a", None, "ok"),
+    ((False,), (False,), "7 a", 2, "no size"),
+    ((), (False,), "a", None, "ok"),
+    ((), (False,), "a", 2, "no size"),
+    ((), (True,), "a", 2, "ok"),
+    ((), (True,), "a", None, "needs size"),
+    ((True,), (), "a", 2, "ok"),
+    ((True,), (), "a", None, "needs size"),
+    ((False,), (), "a", None, "ok"),
+    ((False,), (), "a", 2, "no size"),
+]
+
+
+@pytest.mark.parametrize(("ins", "outs", "args", "size", "expect"), SIZE_RULES)
+def test_size_follows_cupys_rules(ins, outs, args, size, expect):
+    """size= is required where every array is raw and refused otherwise (ValueError, as CuPy);
+    kernels without outputs are made and run. On a machine without CUDA an accepted call gets
+    as far as needing it."""
+    kernel = _size_rule_kernel(ins, outs)
+
+    def array():
+        if HAS_GPU:
+            return torch.zeros(2, device="cuda")
+        return np.zeros(2, np.float32)
+
+    call = [array() if a == "a" else 7 for a in args.split()]
+
+    def run():
+        return kernel(*call, size=size)
+
+    if expect == "ok" and HAS_GPU:
+        run()
+    elif expect == "ok":
+        if cb.cuda.is_available():
+            pytest.skip("CUDA without torch's: the accepted calls are run where both are")
+        with pytest.raises(cb.CudaUnavailableError):
+            run()
+    else:
+        message = {
+            "needs size": "pass size=",
+            "no size": "size=2 can be given only when every array is raw",
+            "raw output": "raw output y0 has no shape of its own",
+        }[expect]
+        with pytest.raises(ValueError, match=message):
+            run()
 
 
 # --- ElementwiseKernel on the GPU ---------------------------------------------------------------
@@ -219,6 +348,48 @@ def test_raw_parameters_index_and_size():
     np.testing.assert_array_equal(z2.cpu().numpy().reshape(-1), 2 * np.arange(20, dtype=np.float32))
     with pytest.raises(ValueError, match="size="):
         fill(w, torch.zeros(10, device="cuda"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_outputs_are_allocated_with_size():
+    """A raw output left out is allocated with size= elements, as CuPy's are."""
+    n = 100
+    raw_sum = cb.ElementwiseKernel("raw T x, raw T y", "raw T z", "z[i] = x[i] + y[i]", "raw_sum")
+    x, y = sample((n,), "float32", 1), sample((n,), "float32", 2)
+    z = raw_sum(_t(x), _t(y), size=n)
+    assert z.shape == (n,) and z.dtype == cb.float32
+    np.testing.assert_array_equal(_host(z), x + y)
+    # With an element input setting the loop, the raw output has no size: it must be passed.
+    gather = cb.ElementwiseKernel("T x", "raw T z", "z[i] = x", "raw_out")
+    with pytest.raises(ValueError, match="raw output z"):
+        gather(_t(x))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_kernels_without_outputs_write_raw_inputs_in_stream_order():
+    """A kernel without outputs runs (returning an empty tuple, as CuPy's) and writes through its
+    raw inputs; those writes are recorded, so work on another stream waits for them."""
+    n = 1 << 20
+    double_into = cb.ElementwiseKernel("T x, raw T y", "", "y[i] = x * 2", "double_into")
+    x = torch.arange(n, dtype=torch.float32, device="cuda")
+    y = cb.zeros(n, dtype=cb.float32, device="cuda")
+    side = torch.cuda.Stream()
+    cycles = int(0.1 * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        assert double_into(x, y) == ()  # on torch's current stream, behind the sleep
+    # On the legacy default stream: waits for the write of y on the side stream.
+    copied = cb.add(y, 0.0, stream=1)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(_host(copied), 2 * np.arange(n, dtype=np.float32))
+    # Only raw arrays: size= sets the loop.
+    fill = cb.ElementwiseKernel("raw T y, T v", "", "y[i] = v", "fill_raw")
+    t = torch.zeros(10, device="cuda")
+    assert fill(t, np.float32(3), size=4) == ()
+    np.testing.assert_array_equal(t.cpu().numpy(), [3, 3, 3, 3, 0, 0, 0, 0, 0, 0])
 
 
 @pytest.mark.cuda
@@ -402,6 +573,61 @@ def test_raw_kernel_errors_and_stream_order():
         k(1, 32, (x, y, np.float32(2.0), np.int32(8)))
     torch.cuda.synchronize()
     assert (y == 6.0).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_kernel_reads_read_only_arrays_when_told():
+    """A tensor that requires grad, or cubridge's import of it, is refused as a raw kernel's
+    argument (nothing runs) unless readonly_ok=True, and then read in place."""
+    n = 1000
+    w = torch.nn.Parameter(torch.arange(n, dtype=torch.float32, device="cuda"))
+    y = torch.zeros(n, device="cuda")
+    k = cb.RawKernel(SCALE, "scale")
+    grid = (n + 255) // 256
+    for x in (w, cb.asarray(w)):
+        with pytest.raises(ValueError, match="readonly_ok=True"):
+            k(grid, 256, (x, y, np.float32(2.0), np.int32(n)))
+    torch.cuda.synchronize()
+    assert (y == 0).all()
+    for x in (w, cb.asarray(w)):
+        y.zero_()
+        k(grid, 256, (x, y, np.float32(2.0), np.int32(n)), readonly_ok=True)
+        torch.testing.assert_close(y, 2 * w.detach(), rtol=0, atol=0)
+
+
+# A kernel that launches a kernel (dynamic parallelism): relocatable device code.
+DYNAMIC = r"""
+extern "C" __global__ void child(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2 * y[i] + 1;
+}
+extern "C" __global__ void parent(float* y, int n) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) child<<<(n + 255) / 256, 256>>>(y, n);
+}
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("option", ["-rdc=true", "--relocatable-device-code=true", "-dc"])
+def test_relocatable_device_code_is_linked_with_the_device_runtime(option, tmp_path):
+    """Relocatable code failed to load (CUDA_ERROR_NOT_FOUND): it is now linked with the CUDA
+    device runtime, and the linked cubin is what the disk cache keeps, so a process without
+    NVRTC loads it from there."""
+    code = (
+        "import numpy as np, torch, cubridge as cb\n"
+        "n = 1000\n"
+        "y = torch.arange(n, dtype=torch.float32, device='cuda')\n"
+        f"k = cb.RawKernel({DYNAMIC!r}, 'parent', options=({option!r},))\n"
+        "k(1, 32, (y, np.int32(n)))\n"
+        "torch.cuda.synchronize()\n"
+        "np.testing.assert_array_equal(y.cpu().numpy(), 2 * np.arange(n, dtype=np.float32) + 1)\n"
+    )
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
+    run_child(code, env)
+    assert len(list(tmp_path.glob("*.bin"))) == 1
+    run_child(code, dict(env, CUBRIDGE_NVRTC="0"))
 
 
 @pytest.mark.cuda

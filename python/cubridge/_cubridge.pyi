@@ -145,7 +145,12 @@ _runtime: object
 
 @final
 class ElementwiseKernel:
-    """An elementwise kernel in CuPy's syntax, run on CUDA arrays of any producer."""
+    """An elementwise kernel in CuPy's syntax, run on CUDA arrays of any producer.
+
+    As in CuPy, ``size=`` gives the number of indices where every array is raw (and is refused
+    otherwise), raw outputs left out are allocated with ``size`` elements, and a kernel may have
+    no outputs (``out_params=""``), writing through raw inputs; it then returns ``()``.
+    """
 
     def __new__(
         cls,
@@ -168,7 +173,18 @@ class ElementwiseKernel:
 
 @final
 class RawKernel:
-    """A CUDA kernel from source (``extern "C"``), launched on arrays of any producer."""
+    """A CUDA kernel from source (``extern "C"``), launched on arrays of any producer.
+
+    Each array is passed as a pointer, which the kernel may write. cubridge cannot see which
+    pointers it writes, so an array whose producer does not allow writes (a tensor that requires
+    grad, a JAX array, a read-only numpy array or DLPack export, or cubridge's import of one) is
+    refused with ValueError; pass ``readonly_ok=True`` when the kernel only reads the read-only
+    arrays it is given.
+
+    Relocatable device code (options ``-rdc=true`` or ``-dc``: device-side launches) is linked
+    with the CUDA device runtime, ``libcudadevrt.a``, looked for where NVRTC is (the ``nvidia``
+    pip packages, ``CUDA_HOME/lib64``); the linked code is what the disk cache keeps.
+    """
 
     def __new__(cls, source: str, name: str, options: Sequence[str] | None = None) -> RawKernel: ...
     @property
@@ -182,4 +198,5 @@ class RawKernel:
         *,
         shared_mem: int = 0,
         stream: Any | None = None,
+        readonly_ok: bool = False,
     ) -> None: ...

@@ -8,6 +8,7 @@ pub mod free;
 pub mod graph;
 pub mod kernels;
 pub mod launch;
+pub mod link;
 pub mod memory;
 pub mod nvrtc;
 pub mod release;

@@ -35,7 +35,9 @@ fn toolkit_dirs(sub: &str) -> Vec<PathBuf> {
     dirs
 }
 
-fn candidate_dirs() -> Vec<PathBuf> {
+/// The folders searched for libnvrtc after the library search path: those added, then the
+/// toolkit's.
+pub(crate) fn candidate_dirs() -> Vec<PathBuf> {
     let mut dirs = crate::lock(&SEARCH_DIRS).clone();
     dirs.extend(toolkit_dirs("lib64"));
     dirs
@@ -217,8 +219,10 @@ pub fn cache_entry(source: &str, extra: &[String], arch: u32) -> Option<Entry> {
 /// `cuModuleLoadData`: NVRTC's (machine code where it knows the architecture, PTX otherwise),
 /// which the disk cache then keeps. Callers look in the cache first ([`cache_entry`]). `name`
 /// names the program in errors; `extra` are further NVRTC options (`-DNAME=1`,
-/// `--use_fast_math`, ...), part of the key. A compile error carries NVRTC's log and, after it,
-/// the source lines the log points at.
+/// `--use_fast_math`, ...), part of the key. Relocatable code (`-rdc=true`, ...) is linked
+/// with the device runtime first ([`super::link`]; that needs the device's context current),
+/// and the linked cubin is what the cache keeps. A compile error carries NVRTC's log and,
+/// after it, the source lines the log points at.
 pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<Vec<u8>> {
     if disabled() {
         return Err(Error::Compile {
@@ -232,7 +236,11 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
             ),
         });
     }
-    let image = compile_for(source, name, target_for(arch)?, extra)?;
+    let target = target_for(arch)?;
+    let mut image = compile_for(source, name, target, extra)?;
+    if super::link::needs_link(extra) {
+        image = super::link::link(&image, target, name)?;
+    }
     if let Some(entry) = cache_entry(source, extra, arch) {
         entry.write(&image);
     }

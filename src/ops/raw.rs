@@ -95,7 +95,10 @@ impl RawKernel {
     /// Launches `grid` blocks of `block` threads with `shared` bytes of dynamic shared memory on
     /// `stream`, with `args` in the kernel's parameter order. Every array must be on one CUDA
     /// device (the current device when there are none); their pending writes run first, and
-    /// each records the kernel as its last write (the kernel may write any of them).
+    /// each records the kernel as its last write (the kernel may write any of them). cubridge
+    /// cannot see which arrays the kernel writes, so a read-only array (one its producer does
+    /// not allow to be written) is refused unless `readonly_ok` says that the kernel only
+    /// reads the read-only arrays it is given.
     ///
     /// # Safety
     /// cubridge cannot see the kernel's signature or what it does:
@@ -103,6 +106,7 @@ impl RawKernel {
     ///    the dtype's C type per value argument.
     /// 2. The kernel reads and writes only elements of the arrays it is given (each within the
     ///    array's layout, from the pointer to its first element) and memory of its own.
+    /// 3. With `readonly_ok`, the kernel writes no read-only array.
     pub unsafe fn launch(
         &self,
         grid: [u32; 3],
@@ -110,11 +114,15 @@ impl RawKernel {
         args: &[Arg],
         shared: u32,
         stream: Stream,
+        readonly_ok: bool,
     ) -> Result<()> {
+        check_configuration(grid, block)?;
+        if !readonly_ok {
+            check_writable(&self.program.name, args)?;
+        }
         if !crate::cuda::is_available() {
             return Err(crate::cuda::unavailable_for(&self.program.name));
         }
-        check_configuration(grid, block)?;
         let arrays: Vec<&Array> = args
             .iter()
             .filter_map(|a| match a {
@@ -191,4 +199,20 @@ fn check_configuration(grid: [u32; 3], block: [u32; 3]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Refuses read-only arrays among `args` of kernel `name`: it may write any array it is given.
+fn check_writable(name: &str, args: &[Arg]) -> Result<()> {
+    let readonly = args
+        .iter()
+        .position(|a| matches!(a, Arg::Array(x) if x.readonly()));
+    match readonly {
+        None => Ok(()),
+        Some(k) => Err(Error::ReadOnly(format!(
+            "{name}: argument {k} is read-only (its producer does not allow writes: a tensor that \
+             requires grad, a JAX array, a read-only numpy array or export), and a raw kernel may \
+             write any array it is given; if the kernel only reads its read-only arguments, pass \
+             readonly_ok=True"
+        ))),
+    }
 }

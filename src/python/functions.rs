@@ -4,7 +4,10 @@ use super::import::{
     default_dtype, finish, from_sequence, import, infer_dtype, python_scalar, typed_numpy_scalar,
     widest,
 };
-use super::operands::take_arrays;
+use super::operands::{
+    take_arrays,
+    Access::{Read, Write},
+};
 use super::stream::Use;
 use super::types::PyArray;
 use super::types::{parse_device, parse_dtype};
@@ -237,7 +240,7 @@ pub fn add(
         out,
     ];
     let mut arrays: [Option<Array>; 3] = [None, None, None];
-    let (kernel_stream, waits) = take_arrays(&objs, &[false, false, true], explicit, &mut arrays)?;
+    let (kernel_stream, waits) = take_arrays(&objs, &[Read, Read, Write], explicit, &mut arrays)?;
     let [array_a, array_b, out_array] = arrays;
     let (x, y) = add_inputs([array_a, array_b], [scalar_a, scalar_b])?;
     let y_host = match &y {

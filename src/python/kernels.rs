@@ -12,6 +12,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 /// An elementwise kernel in CuPy's syntax, callable on arrays of any producer.
+///
+/// As in CuPy, `size=` gives the number of indices where every array is raw (and is refused
+/// otherwise), raw outputs left out are allocated with `size` elements, and a kernel may have
+/// no outputs (`out_params=""`), writing through raw inputs; it then returns `()`.
 #[pyclass(name = "ElementwiseKernel", module = "cubridge", frozen)]
 pub struct PyElementwiseKernel {
     inner: ElementwiseKernel,
@@ -74,6 +78,8 @@ impl PyElementwiseKernel {
     }
 
     /// Runs the kernel: inputs, then optionally the outputs (positionally or as `out=`).
+    /// `size` sets the number of indices where every array is raw (and only then), and the
+    /// length of raw outputs to allocate.
     #[pyo3(signature = (*args, out=None, stream=None, size=None))]
     fn __call__(
         &self,
@@ -127,13 +133,13 @@ fn outputs_passed<'py>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     let (nin, nout) = (spec.inputs.len(), spec.outputs.len());
-    if args.len() == nin + nout {
+    if args.len() == nin {
+        out_objects(out, nout)
+    } else if args.len() == nin + nout {
         if out.is_some_and(|o| !o.is_none()) {
             return Err(Error::wrong_type("outputs given both positionally and as out=").into());
         }
         Ok(args[nin..].iter().map(|o| Some(o.clone())).collect())
-    } else if args.len() == nin {
-        out_objects(out, nout)
     } else {
         Err(Error::wrong_type(format!(
             "{} takes {nin} input(s), optionally followed by its {nout} output(s); got {} \
@@ -146,7 +152,8 @@ fn outputs_passed<'py>(
 }
 
 /// What a call returns: outputs given as themselves (like numpy's `out=`), new ones as arrays;
-/// one output alone, several as a tuple.
+/// one output alone, several (or none, as CuPy returns for a kernel without outputs) as a
+/// tuple.
 fn returned(
     py: Python<'_>,
     outs: Vec<Option<Bound<'_, PyAny>>>,
@@ -168,7 +175,17 @@ fn returned(
     Ok(PyTuple::new(py, all)?.into_any().unbind())
 }
 
-/// A CUDA kernel from source, launched on arrays of any producer.
+/// A CUDA kernel from source (`extern "C"`), launched on arrays of any producer.
+///
+/// Each array is passed as a pointer, which the kernel may write. cubridge cannot see which
+/// pointers it writes, so an array whose producer does not allow writes (a tensor that requires
+/// grad, a JAX array, a read-only numpy array or DLPack export, or cubridge's import of one) is
+/// refused with ValueError; pass `readonly_ok=True` when the kernel only reads the read-only
+/// arrays it is given.
+///
+/// Relocatable device code (options `-rdc=true` or `-dc`: device-side launches) is linked with
+/// the CUDA device runtime, `libcudadevrt.a`, looked for where NVRTC is (the `nvidia` pip
+/// packages, `CUDA_HOME/lib64`); the linked code is what the disk cache keeps.
 #[pyclass(name = "RawKernel", module = "cubridge", frozen)]
 pub struct PyRawKernel {
     inner: RawKernel,
@@ -242,17 +259,19 @@ impl PyRawKernel {
     }
 
     /// Launches `grid` blocks of `block` threads with `args`: arrays of any producer (passed as
-    /// pointers) and numpy scalars (passed as their C type).
-    #[pyo3(signature = (grid, block, args, *, shared_mem=0, stream=None))]
+    /// pointers) and numpy scalars (passed as their C type). A read-only array is refused unless
+    /// `readonly_ok` says the kernel only reads it.
+    #[pyo3(signature = (grid, block, args, *, shared_mem=0, stream=None, readonly_ok=false))]
     fn __call__(
         &self,
-        py: Python<'_>,
         grid: &Bound<'_, PyAny>,
         block: &Bound<'_, PyAny>,
         args: &Bound<'_, PyAny>,
         shared_mem: u32,
         stream: Option<&Bound<'_, PyAny>>,
+        readonly_ok: bool,
     ) -> PyResult<()> {
+        let py = args.py();
         let _restore = crate::cuda::context::Restore::new();
         let _later = crate::cuda::release::DropLater::new();
         let (grid, block) = (
@@ -274,7 +293,7 @@ impl PyRawKernel {
             }
         }
         let refs: Vec<Option<&Bound<'_, PyAny>>> = objs.iter().map(Some).collect();
-        // The kernel may write any array it is given: each must be the producer's own memory.
+        // The kernel may write any array it is given: those it must not write come in read-only.
         let access = vec![Access::Any; objs.len()];
         let mut operands = import_operands(&refs, &access, super::stream::parse(stream)?)?;
         let args: Vec<Arg> = std::mem::take(&mut operands.items)
@@ -285,10 +304,11 @@ impl PyRawKernel {
             operands.order()?;
             // SAFETY: the kernel and its argument list are the Python user's, trusted as CuPy
             // trusts a RawKernel's: its parameters are one pointer per array and one C value per
-            // numpy scalar, in order, and it stays inside the arrays it is given.
+            // numpy scalar, in order, and it stays inside the arrays it is given (and, with
+            // readonly_ok, writes none of the read-only ones).
             unsafe {
-                self.inner
-                    .launch(grid, block, &args, shared_mem, operands.stream)
+                let stream = operands.stream;
+                (self.inner).launch(grid, block, &args, shared_mem, stream, readonly_ok)
             }
         })?;
         Ok(())

@@ -59,14 +59,17 @@ pub enum Access {
     Read,
     /// Written: must be an array.
     Write,
-    /// A scalar is a value; an array may be written (a raw kernel's arguments).
+    /// A scalar is a value; an array may be written, and is marked read-only where its producer
+    /// forbids writes or exported a copy (a raw kernel's arguments, which the kernel refuses
+    /// unless told that it only reads them).
     Any,
 }
 
 /// Imports `objs` (`None` entries stay `None`) for one kernel: Python and numpy scalars as
-/// values, everything else as arrays without copying. Arrays that may be written (`access`)
-/// must be their producer's own memory and not tensors that require grad; 0-d host arrays that
-/// are only read become values of their dtype. `explicit` is the caller's `stream=`.
+/// values, everything else as arrays without copying. Outputs (`access`) must be their
+/// producer's own memory and not tensors that require grad; arrays of [`Access::Any`] are marked
+/// read-only instead; 0-d host arrays that are only read become values of their dtype.
+/// `explicit` is the caller's `stream=`.
 pub fn import_operands(
     objs: &[Option<&Bound<'_, PyAny>>],
     access: &[Access],
@@ -99,16 +102,16 @@ pub fn import_operands(
         .zip(&values)
         .map(|(o, v)| o.filter(|_| v.is_none()))
         .collect();
-    let written: Vec<bool> = access.iter().map(|&a| a != Access::Read).collect();
     let mut taken: Vec<Option<Array>> = vec![None; objs.len()];
-    let (stream, waits) = take_arrays(&arrays, &written, explicit, &mut taken)?;
+    let (stream, waits) = take_arrays(&arrays, access, explicit, &mut taken)?;
     // The arrays join the values in place: one list, in the objects' order.
     for (k, array) in taken.into_iter().enumerate() {
         let Some(array) = array else {
             continue;
         };
         values[k] = Some(
-            if !written[k] && array.ndim() == 0 && array.device().is_host_accessible() {
+            if access[k] == Access::Read && array.ndim() == 0 && array.device().is_host_accessible()
+            {
                 // A 0-d host array (a 0-d numpy array, a CPU scalar tensor) is a value.
                 // SAFETY: a 0-d host-accessible array has one valid element at its data pointer.
                 let v =
@@ -137,11 +140,12 @@ pub(crate) type Waits = Vec<(Stream, Device)>;
 /// first such stream, else CuPy's current stream when an operand is CuPy's, else the legacy
 /// default stream; the other named streams are waited for. Every other object is then imported
 /// with the kernel's stream as its consumer (CuPy orders its own work before it, with no event
-/// when it is CuPy's current stream). An object marked `written`
-/// must be its producer's own memory, and one it allows to be written ([`refuse_write`]).
+/// when it is CuPy's current stream). An output ([`Access::Write`]) must be its producer's own
+/// memory, and one it allows to be written ([`refuse_write`]); an [`Access::Any`] array is marked
+/// read-only where either fails ([`usable`]).
 pub(crate) fn take_arrays(
     objs: &[Option<&Bound<'_, PyAny>>],
-    written: &[bool],
+    access: &[Access],
     explicit: Option<Stream>,
     arrays: &mut [Option<Array>],
 ) -> PyResult<(Stream, Waits)> {
@@ -150,7 +154,7 @@ pub(crate) fn take_arrays(
     let mut current: Option<Stream> = None;
     let mut streams = super::import::exchange::WorkStreams::default();
     for (k, obj) in objs.iter().enumerate() {
-        if let (Some(obj), true) = (obj, written[k]) {
+        if let (Some(obj), Access::Write) = (obj, access[k]) {
             refuse_write(obj, "an output")?;
         }
     }
@@ -174,11 +178,10 @@ pub(crate) fn take_arrays(
             continue;
         };
         let Exchanged { imported, stream } = e;
-        check_writable(&imported, written[k])?;
         if let Some(s) = stream {
             producers.push((s, imported.array.device()));
         }
-        arrays[k] = Some(imported.array);
+        arrays[k] = Some(usable(obj, imported, access[k])?);
     }
     let stream = explicit
         .or_else(|| producers.first().map(|p| p.0))
@@ -188,23 +191,31 @@ pub(crate) fn take_arrays(
     for (k, obj) in objs.iter().enumerate() {
         if let (Some(obj), None) = (obj, &arrays[k]) {
             let imported = import(obj, stream, Use::Immediate)?;
-            check_writable(&imported, written[k])?;
-            arrays[k] = Some(imported.array);
+            arrays[k] = Some(usable(obj, imported, access[k])?);
         }
     }
     Ok((stream, producers))
 }
 
-/// Refuses to write through a copy that the producer exported.
-fn check_writable(imported: &super::import::Imported, written: bool) -> PyResult<()> {
-    if written && imported.copied {
-        return Err(Error::invalid(
+/// The array `obj` imported as, as a kernel may use it: an output is refused where the producer
+/// exported a copy (writes would not reach it); an [`Access::Any`] array is marked read-only
+/// there and where the producer forbids writes, for the kernel to decide.
+fn usable(
+    obj: &Bound<'_, PyAny>,
+    imported: super::import::Imported,
+    access: Access,
+) -> PyResult<Array> {
+    match access {
+        Access::Write if imported.copied => Err(Error::invalid(
             "an output's producer exported a copy (the DLPack IS_COPIED flag), so writes would \
              not reach it",
         )
-        .into());
+        .into()),
+        Access::Any if imported.copied || super::import::write_refusal(obj, "").is_some() => {
+            Ok(imported.array.with_readonly(true))
+        }
+        _ => Ok(imported.array),
     }
-    Ok(())
 }
 
 /// Any Python array (a cubridge array, or any DLPack, DLPack-exchange-table, CUDA array

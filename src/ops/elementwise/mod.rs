@@ -84,10 +84,13 @@ impl ElementwiseKernel {
     }
 
     /// Runs the kernel on `inputs` (one per input parameter) into `outputs` (one per output
-    /// parameter: an array written in place, or `None` to allocate one of the broadcast shape on
+    /// parameter: an array written in place, or `None` to allocate one of the loop's shape on
     /// the inputs' device) on `stream`, after every array's pending writes; returns the outputs.
-    /// `size` gives the number of indices when no array is broadcast over them (only raw arrays
-    /// and scalars).
+    /// The loop's shape is the broadcast of the element (not `raw`) arrays, inputs and outputs
+    /// passed; where there are none (only raw arrays and scalars), `size` gives it as
+    /// `[size]`, and is refused otherwise, as CuPy does. A raw output is allocated only with
+    /// `size` (then with `size` elements). The operation may write raw inputs too (a kernel
+    /// may have no outputs at all), so they are recorded as written.
     ///
     /// # Safety
     /// The operation and preamble are the caller's CUDA C++, which cubridge cannot check: they
@@ -100,12 +103,12 @@ impl ElementwiseKernel {
         stream: Stream,
         size: Option<usize>,
     ) -> Result<Vec<Array>> {
+        let call = self.bind(inputs, outputs)?;
+        let shape = call.loop_shape(size)?;
         if !crate::cuda::is_available() {
             return Err(crate::cuda::unavailable_for(&self.spec.name));
         }
-        let call = self.bind(inputs, outputs)?;
         let device = call.device()?;
-        let shape = call.loop_shape(size)?;
         // SAFETY: the caller's contract.
         unsafe { self.launch(&call, device, &shape, stream) }
     }
@@ -169,7 +172,11 @@ impl ElementwiseKernel {
         // SAFETY: the caller's contract (the operation); `launch` ordered every operand, and
         // `function` is the plan's kernel for the call's signature on its device.
         unsafe { self.run(call, &launch, &plan, function, &operand)? };
-        launch.finish(input_arrays(), &outs)?;
+        // Raw inputs may have been written (as CuPy allows): later users wait for the kernel.
+        let is_raw = |k: &usize| call.roles[*k] == Role::Raw;
+        let read = (0..nin).filter(|k| !is_raw(k)).filter_map(input);
+        let raw = (0..nin).filter(is_raw).filter_map(input);
+        launch.finish(read, outs.iter().chain(raw))?;
         Ok(outs)
     }
 
@@ -208,7 +215,7 @@ impl ElementwiseKernel {
             }
         }
         for (j, out) in outputs.iter().enumerate() {
-            call.roles[nin + j] = call.output_role(j, out)?;
+            call.roles[nin + j] = call.output_role(j);
             given[nin + j] = out.as_ref().map(|o| o.dtype());
         }
         call.dtypes = spec.bind(&given, &scalars)?;
@@ -374,17 +381,11 @@ impl<'a> Call<'a> {
         }
     }
 
-    /// Output `j`'s role; a raw output must be passed (its shape is its own).
-    fn output_role(&self, j: usize, out: &Option<Array>) -> Result<Role> {
-        let k = self.inputs.len() + j;
-        match (self.kernel.raw[k], out) {
-            (true, None) => Err(Error::invalid(format!(
-                "{}: raw output {} must be passed (its shape is not the loop's)",
-                self.kernel.spec.name,
-                self.param(k).name
-            ))),
-            (true, Some(_)) => Ok(Role::Raw),
-            (false, _) => Ok(Role::Element),
+    /// Output `j`'s role.
+    fn output_role(&self, j: usize) -> Role {
+        match self.kernel.raw[self.inputs.len() + j] {
+            true => Role::Raw,
+            false => Role::Element,
         }
     }
 
@@ -395,9 +396,11 @@ impl<'a> Call<'a> {
         crate::ops::launch::kernel_device((&self.kernel.spec.name, "elementwise"), arrays, name)
     }
 
-    /// The loop's shape: the broadcast of every element operand, or `size` indices.
-    /// A built-in op's result has its inputs' broadcast shape, which an output passed must have
-    /// (add's rule); a user's kernel broadcasts its outputs too, as CuPy's does.
+    /// The loop's shape: the broadcast of every element operand, or `size` indices where there
+    /// is none (CuPy's rule: `size` is required then, and refused otherwise). A built-in op's
+    /// result has its inputs' broadcast shape, which an output passed must have (add's rule); a
+    /// user's kernel broadcasts its outputs too, as CuPy's does. A raw output to allocate
+    /// needs `size`: the loop's shape is not its own.
     pub(crate) fn loop_shape(&self, size: Option<usize>) -> Result<Cow<'a, [usize]>> {
         let exact = self.kernel.spec.rule == spec::Rule::Exact;
         let nin = self.inputs.len();
@@ -412,17 +415,31 @@ impl<'a> Call<'a> {
         }
         let name = &self.kernel.spec.name;
         match (shape, size) {
-            (Some(s), None) => Ok(s),
-            (Some(s), Some(size)) if s.iter().product::<usize>() == size => Ok(s),
-            (Some(s), Some(size)) => Err(Error::invalid(format!(
-                "{name}: size={size}, but the arrays broadcast to {} elements",
-                s.iter().product::<usize>()
+            (Some(s), None) => match self.raw_output_to_allocate() {
+                Some(k) => Err(Error::invalid(format!(
+                    "{name}: raw output {} has no shape of its own to allocate: pass it, or \
+                     give size= where every array is raw",
+                    self.param(k).name
+                ))),
+                None => Ok(s),
+            },
+            (Some(_), Some(size)) => Err(Error::invalid(format!(
+                "{name}: size={size} can be given only when every array is raw; here the \
+                 element arrays set the number of indices"
             ))),
             (None, Some(size)) => Ok(Cow::Owned(vec![size])),
             (None, None) => Err(Error::invalid(format!(
                 "{name}: no array sets the number of indices; pass size="
             ))),
         }
+    }
+
+    /// The first raw output not passed, if any.
+    fn raw_output_to_allocate(&self) -> Option<usize> {
+        let nin = self.inputs.len();
+        (0..self.outputs.len())
+            .find(|&j| self.roles[nin + j] == Role::Raw && self.outputs[j].is_none())
+            .map(|j| nin + j)
     }
 
     /// Checks the outputs passed: element outputs as `add` checks `out`, raw ones writable.
@@ -454,7 +471,8 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
-    /// The outputs: those passed, and new arrays of the loop's shape on `launch`'s stream.
+    /// The outputs: those passed, and new arrays of the loop's shape on `launch`'s stream (for
+    /// a raw output, `[size]`: see [`Call::loop_shape`]).
     fn allocate_outputs(&self, launch: &Launch, shape: &[usize]) -> Result<Vec<Array>> {
         let nin = self.inputs.len();
         let mut outs = Vec::with_capacity(self.outputs.len());

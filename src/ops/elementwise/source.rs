@@ -77,16 +77,16 @@ fn prelude(spec: &Spec, sig: &Signature) -> String {
         .iter()
         .enumerate()
         .map(|(k, p)| match (sig.roles[k], k < nin) {
-            (Role::Raw, _) => format!("CbRaw<{}> {}", ty(k), p.name),
-            (_, true) => format!("const {} {}", ty(k), p.name),
-            (_, false) => format!("{}& {}", ty(k), p.name),
+            (Role::Raw, _) => format!(", CbRaw<{}> {}", ty(k), p.name),
+            (_, true) => format!(", const {} {}", ty(k), p.name),
+            (_, false) => format!(", {}& {}", ty(k), p.name),
         })
         .collect();
     let _ = write!(
         src,
-        "__device__ __forceinline__ void cb_op(const long long i, const CbInd& _ind, {}) {{\n\
+        "__device__ __forceinline__ void cb_op(const long long i, const CbInd& _ind{}) {{\n\
          (void)i; (void)_ind;\n{};\n}}\n",
-        op_params.join(", "),
+        op_params.concat(),
         spec.operation
     );
     src
@@ -96,36 +96,43 @@ fn prelude(spec: &Spec, sig: &Signature) -> String {
 /// pointer (or, `strided`, a CbStrided) for an element operand, a value, or a CbRaw; then n;
 /// then, `strided`, the loop's shape.
 fn kernel_params(sig: &Signature, strided: bool) -> String {
-    let mut list = operand_list(sig, strided, ", ");
-    list.push_str(", long long n");
+    let mut list = operand_list(sig, strided);
+    list.push("long long n".into());
     if strided {
-        list.push_str(", CbShape g");
+        list.push("CbShape g".into());
     }
-    list
+    list.join(", ")
 }
 
-/// Each parameter as a declaration (`strided`: element operands as CbStrided), joined by `sep`.
-fn operand_list(sig: &Signature, strided: bool, sep: &str) -> String {
+/// Each parameter as a declaration (`strided`: element operands as CbStrided).
+fn operand_list(sig: &Signature, strided: bool) -> Vec<String> {
     let ty = |k: usize| c_type(sig.dtypes[k]);
-    let list: Vec<String> = (0..sig.roles.len())
+    (0..sig.roles.len())
         .map(|k| match sig.roles[k] {
             Role::Element if strided => format!("CbStrided<{}> p{k}", ty(k)),
             Role::Element => format!("{}* p{k}", ty(k)),
             Role::Value => format!("{} p{k}", ty(k)),
             Role::Raw => format!("CbRaw<{}> p{k}", ty(k)),
         })
-        .collect();
-    list.join(sep)
+        .collect()
 }
 
-/// Each parameter as the operation gets it: an element operand as `element(k)`, any other as
-/// its kernel parameter.
+/// Each parameter as a member of an `Ops` struct.
+fn members(sig: &Signature, strided: bool) -> String {
+    operand_list(sig, strided)
+        .iter()
+        .map(|d| format!("{d};\n"))
+        .collect()
+}
+
+/// Each parameter as the operation gets it, each after a comma: an element operand as
+/// `element(k)`, any other as its kernel parameter.
 fn op_args(roles: &[Role], element: impl Fn(usize) -> String) -> String {
     let arg = |k: usize| match roles[k] {
-        Role::Element => element(k),
-        _ => format!("p{k}"),
+        Role::Element => format!(", {}", element(k)),
+        _ => format!(", p{k}"),
     };
-    (0..roles.len()).map(arg).collect::<Vec<_>>().join(", ")
+    (0..roles.len()).map(arg).collect()
 }
 
 /// The signature's operands and operation as the `Ops` of the contiguous and vector loops of
@@ -151,17 +158,17 @@ fn flat_ops(sig: &Signature, nin: usize, reads: &[bool]) -> String {
         }
     }
     format!(
-        "struct CbFlat {{\nstatic constexpr int W = {width};\nCbInd ind;\n{};\n\
+        "struct CbFlat {{\nstatic constexpr int W = {width};\nCbInd ind;\n{}\
          template <typename I> __device__ __forceinline__ void at(I i) const \
-         {{ cb_op((long long)i, ind, {}); }}\n\
+         {{ cb_op((long long)i, ind{}); }}\n\
          struct Packs {{ {packs}}};\n\
          template <typename I> __device__ __forceinline__ void load(Packs& p, I k) const \
          {{ (void)p; (void)k; {loads}}}\n\
          __device__ __forceinline__ void apply(Packs& p, long long first) const {{\n(void)p;\n\
-         #pragma unroll\nfor (int e = 0; e < W; ++e) cb_op(first + e, ind, {});\n}}\n\
+         #pragma unroll\nfor (int e = 0; e < W; ++e) cb_op(first + e, ind{});\n}}\n\
          template <typename I> __device__ __forceinline__ void store(const Packs& p, I k) const \
          {{ (void)p; (void)k; {stores}}}\n}};\n",
-        operand_list(sig, false, ";\n"),
+        members(sig, false),
         op_args(&sig.roles, |k| format!("p{k}[i]")),
         op_args(&sig.roles, |k| format!("p.v{k}.v[e]")),
     )
@@ -176,13 +183,13 @@ fn strided_ops(sig: &Signature) -> String {
         let _ = write!(steps, "o.o{k} += idx * (I)p{k}.s[d]; ");
     }
     format!(
-        "struct CbStridedOps {{\nCbInd ind;\n{};\n\
+        "struct CbStridedOps {{\nCbInd ind;\n{}\
          template <typename I> struct Offsets {{ {offsets}}};\n\
          template <typename I> __device__ __forceinline__ void step(Offsets<I>& o, int d, I idx) \
          const {{ (void)o; (void)d; (void)idx; {steps}}}\n\
          template <typename I> __device__ __forceinline__ void at(const Offsets<I>& o, long long i) \
-         const {{ (void)o; cb_op(i, ind, {}); }}\n}};\n",
-        operand_list(sig, true, ";\n"),
+         const {{ (void)o; cb_op(i, ind{}); }}\n}};\n",
+        members(sig, true),
         op_args(&sig.roles, |k| format!("p{k}.p[o.o{k}]")),
     )
 }
@@ -515,6 +522,34 @@ mod compile_tests {
             for (v, index) in VARIANTS {
                 compiles(&program(&spec, &sig, &[false, true], v, index).unwrap(), d);
             }
+        }
+    }
+
+    /// Kernels without outputs (writing through a raw input) and without any parameter.
+    #[test]
+    fn programs_without_outputs_or_parameters_compile() {
+        if !crate::cuda::nvrtc::test_dir("generated kernels") {
+            return;
+        }
+        let scatter = Spec::new("T x, raw T y", "", "y[i] = x", "no_outputs", "").unwrap();
+        let sig = Signature {
+            dtypes: vec![DType::Float32; 2],
+            roles: vec![Role::Element, Role::Raw],
+        };
+        let nothing = Spec::new("", "", "", "no_parameters", "").unwrap();
+        let empty = Signature {
+            dtypes: vec![],
+            roles: vec![],
+        };
+        for (v, index) in VARIANTS {
+            compiles(
+                &program(&scatter, &sig, &[], v, index).unwrap(),
+                "no outputs",
+            );
+            compiles(
+                &program(&nothing, &empty, &[], v, index).unwrap(),
+                "no parameters",
+            );
         }
     }
 

@@ -157,12 +157,8 @@ impl Spec {
         preamble: &str,
     ) -> Result<Spec> {
         let inputs = parse_params(in_params, "in_params")?;
+        // No outputs is allowed, as in CuPy: the operation writes through raw parameters.
         let outputs = parse_params(out_params, "out_params")?;
-        if outputs.is_empty() {
-            return Err(Error::invalid(
-                "out_params: a kernel needs at least one output",
-            ));
-        }
         if !is_identifier(name) {
             return Err(Error::invalid(format!(
                 "name: {name:?} is not a C identifier"
@@ -447,6 +443,9 @@ mod tests {
         assert!(s.inputs[1].raw && s.inputs[1].ty == Type::Fixed(DType::Float32));
         assert_eq!(s.type_names(), vec!["T"]);
         assert!(Spec::new("", "float32 z", "z = 1", "k", "").is_ok());
+        // No outputs, as in CuPy: the operation writes through raw parameters.
+        assert!(Spec::new("raw float32 x", "", "x[i] = 1", "k", "").is_ok());
+        assert!(Spec::new("", "", "", "k", "").is_ok());
         for (ins, outs, why) in [
             ("float x", "float32 z", "C type"),
             ("float32", "float32 z", "no name"),
@@ -455,7 +454,6 @@ mod tests {
             ("float32 x,", "float32 z", "trailing comma"),
             ("float32 x", "float32 x", "twice"),
             ("T x", "float32 T", "type named as a parameter"),
-            ("float32 x", "", "no output"),
         ] {
             assert!(Spec::new(ins, outs, "", "k", "").is_err(), "{why}");
         }
