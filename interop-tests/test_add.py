@@ -256,6 +256,42 @@ def test_python_scalars_take_the_array_dtype():
         cb.add(a, 0.5)
 
 
+@pytest.mark.parametrize("form", ["scalar", "0-d"])
+def test_numpy_scalars_keep_their_dtype_as_in_numpy(form):
+    """A numpy scalar or 0-d numpy array beside an array is a typed operand (numpy's NEP 50):
+    every pair cubridge promotes gives numpy's dtype and values, either way round; mixing
+    kinds is the TypeError that arrays raise."""
+    for da, ds in itertools.product(NUMPY_DTYPES, repeat=2):
+        a = sample((3,), da, 1)
+        s = np.asarray(sample((1,), ds, 2)[0])
+        if form == "scalar":
+            s = s[()]
+        try:
+            r = cb.add(a, s)
+        except TypeError as e:
+            assert da in str(e) and ds in str(e), (da, ds, e)
+            continue
+        check(r, a + s)
+        check(cb.add(s, a), s + a)
+
+
+def test_numpy_scalars_beside_scalars_match_numpy():
+    for x, y in [
+        (np.float32(1.5), 2.25),
+        (2.25, np.float32(1.5)),
+        (np.int8(100), 100),
+        (np.float32(0.1), np.float64(0.2)),
+        (np.uint8(7), np.array(np.int8(-3))),
+    ]:
+        with np.errstate(over="ignore"):
+            want = np.asarray(np.add(x, y))
+        check(cb.add(x, y), want)
+    a = sample((4,), "float32", 3)
+    out = np.empty(4, np.float64)
+    cb.add(a, np.float64(0.1), out=out)
+    np.testing.assert_array_equal(out, a + np.float64(0.1))
+
+
 def test_operator_plus():
     a = cb.asarray(np.arange(4, dtype=np.int32))
     check(a + a, np.arange(4, dtype=np.int32) * 2)

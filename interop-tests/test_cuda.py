@@ -492,6 +492,31 @@ def test_python_scalar_errors_on_the_device():
         cb.add(torch.zeros(4, dtype=torch.uint8, device="cuda"), -1)
 
 
+@pytest.mark.parametrize("form", ["scalar", "0-d"])
+@pytest.mark.parametrize(
+    "da,ds",
+    [(d, d) for d in NUMPY_DTYPES]
+    + [("float32", "float64"), ("int8", "int64"), ("uint8", "int8"), ("float16", "float32")],
+)
+def test_numpy_scalar_beside_a_device_array(da, ds, form):
+    """A numpy scalar or 0-d numpy array beside a CUDA array is a value of its own dtype, as
+    in CuPy and torch (not a host array on another device), promoted as numpy promotes it."""
+    a = sample((5, 7), da, 1)
+    s = np.asarray(sample((1,), ds, 2)[0])
+    if form == "scalar":
+        s = s[()]
+    x = cb.asarray(a, device="cuda")
+    want = a + s
+    for r in (cb.add(x, s), cb.add(s, x)):
+        assert r.device == "cuda:0"
+        got = r.to_numpy()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    if want.dtype == a.dtype:
+        cb.add(x, s, out=x)
+        np.testing.assert_array_equal(x.to_numpy(), want)
+
+
 def test_tiled_add_with_promotion():
     gen = torch.Generator(device="cuda").manual_seed(3)
     a = _random((300, 200), "float16", gen).T  # transposed float16
