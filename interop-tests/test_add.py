@@ -300,6 +300,52 @@ def test_operator_plus():
     check(a + np.ones(4, dtype=np.int32), np.arange(1, 5, dtype=np.int32))
 
 
+def test_in_place_plus_writes_the_memory_the_array_views():
+    """`x += y` writes in place, as numpy's, torch's and CuPy's do; what numpy refuses to cast
+    back into x (a float into an int array) and read-only memory are refused."""
+    n = np.arange(6, dtype=np.int32)
+    x = cb.asarray(n)
+    alias = x
+    x += 1
+    assert x is alias
+    np.testing.assert_array_equal(n, np.arange(1, 7, dtype=np.int32))
+    x += np.full(6, 10, dtype=np.int16)
+    np.testing.assert_array_equal(n, np.arange(11, 17, dtype=np.int32))
+    with pytest.raises(TypeError):
+        n += 1.5
+    with pytest.raises(TypeError):
+        x += 1.5
+    ro = np.arange(3.0)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        ro += 1
+    frozen = cb.asarray(ro)
+    with pytest.raises(ValueError, match="read-only"):
+        frozen += 1
+    np.testing.assert_array_equal(ro, np.arange(3.0))
+
+
+@needs_torch
+def test_in_place_plus_on_a_torch_view():
+    t = torch.arange(4, dtype=torch.float32)
+    x = cb.from_dlpack(t)
+    x += 0.5
+    assert torch.equal(t, torch.arange(4, dtype=torch.float32) + 0.5)
+
+
+def test_in_place_plus_with_an_unreadable_operand_defers_to_it():
+    class Other:
+        def __radd__(self, other):
+            return "other"
+
+    x = cb.zeros(3)
+    x += Other()
+    assert x == "other"
+    y = cb.zeros(3)
+    with pytest.raises(TypeError, match=r"\+="):
+        y += object()
+
+
 @needs_jax
 def test_jax_inputs():
     x = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)

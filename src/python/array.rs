@@ -410,6 +410,11 @@ impl PyArray {
         super::functions::add_operands(other, slf.as_any())
     }
 
+    /// `x += y` writes `x`'s memory in place (`add(x, y, out=x)`).
+    fn __iadd__(slf: &Bound<'_, Self>, other: super::functions::Readable<'_>) -> PyResult<()> {
+        super::functions::add_in_place(slf.as_any(), &other)
+    }
+
     /// # Safety
     /// Called by CPython with a valid `view` to fill.
     unsafe fn __getbuffer__(

@@ -353,6 +353,33 @@ pub fn add_operands(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<Py<P
     add(py, a, b, None, None)
 }
 
+/// An operand that cubridge can read ([`super::import::readable`]). Extracting anything else
+/// fails, and pyo3 answers an in-place operator whose operand fails to extract with
+/// NotImplemented, so Python tries `+` and the other side, as for `+` itself.
+pub struct Readable<'py>(pub Bound<'py, PyAny>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Readable<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if super::import::readable(&obj)? {
+            return Ok(Readable(obj.to_owned()));
+        }
+        Err(Error::wrong_type(format!(
+            "cubridge cannot read a {}",
+            super::import::type_name(&obj)
+        ))
+        .into())
+    }
+}
+
+/// `x += y` for a cubridge array `x`: `add(x, y, out=x)`, which writes the memory `x` views in
+/// place (as numpy, torch and CuPy do), so the result's dtype must be `x`'s and `x` writable.
+pub fn add_in_place(x: &Bound<'_, PyAny>, y: &Readable<'_>) -> PyResult<()> {
+    add(x.py(), x, &y.0, Some(x), None)?;
+    Ok(())
+}
+
 /// Whether a CUDA driver with at least one device is present.
 #[pyfunction]
 pub fn cuda_is_available() -> bool {
