@@ -222,6 +222,33 @@ def test_partial_overlap_is_refused():
         cb.add(buf[::-1], buf, out=buf)
 
 
+def test_out_in_another_block_of_the_same_array_runs():
+    """Blocks of one array that share no element (columns, rows, interleaved columns) are not
+    an overlap, as in numpy and torch, though their byte ranges intersect."""
+    every = slice(None)
+    for src, dst in [
+        ((every, slice(0, 3)), (every, slice(3, 6))),
+        ((slice(0, 2), every), (slice(2, 4), every)),
+        ((every, slice(0, 6, 2)), (every, slice(1, 6, 2))),
+        ((slice(0, 4, 2), slice(1, 6, 2)), (slice(1, 4, 2), slice(0, 6, 2))),
+    ]:
+        x = np.arange(24.0).reshape(4, 6)
+        assert not np.shares_memory(x[src], x[dst])
+        want = x.copy()
+        want[dst] = x[src] + 1
+        cb.add(x[src], 1, out=x[dst])
+        np.testing.assert_array_equal(x, want)
+
+
+@needs_torch
+def test_out_in_another_column_block_of_a_torch_tensor():
+    t = torch.arange(24.0).reshape(4, 6)
+    want = t.clone()
+    want[:, 3:] = t[:, :3] + 1
+    cb.add(t[:, :3], 1, out=t[:, 3:])
+    assert torch.equal(t, want)
+
+
 def test_out_errors():
     a = sample((3,), "float32")
     with pytest.raises(ValueError, match="shape"):

@@ -408,6 +408,16 @@ impl Array {
             base.wrapping_add(end) as usize,
         ))
     }
+
+    /// Where the elements lie in memory, for [`crate::layout::may_share_memory`].
+    pub fn footprint(&self) -> crate::layout::Footprint<'_> {
+        crate::layout::Footprint {
+            first: self.data_ptr() as usize,
+            itemsize: self.dtype.itemsize(),
+            shape: self.shape(),
+            strides: self.strides(),
+        }
+    }
 }
 
 #[cfg(test)]
