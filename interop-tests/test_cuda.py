@@ -723,6 +723,18 @@ def test_legacy_stream_result_read_on_other_streams_waits_for_its_kernel():
 
 
 @pytest.mark.whole_gpu
+def test_dlpack_refusals_of_a_device_array():
+    """A stream of another type is a TypeError; a device that does not exist, or one of a type
+    cubridge has not, is the export's BufferError."""
+    a = cb.zeros(3, device="cuda")
+    for stream in (object(), 1.5):
+        with pytest.raises(TypeError, match="stream"):
+            a.__dlpack__(stream=stream)
+    for device in [(2, cb.cuda.device_count()), (4, 0)]:
+        with pytest.raises(BufferError):
+            a.__dlpack__(dl_device=device)
+
+
 def test_gigabyte_export_is_freed_after_both_sides_let_go():
     # torch's add_ and CuPy's import load their kernels on first use, which takes device memory
     # they keep: done once before the baseline, so that only the export is measured.

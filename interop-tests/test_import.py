@@ -3,6 +3,7 @@ objects. Zero copy is checked with pointers, lifetime by deleting the producer f
 
 import array
 import gc
+import re
 
 import cubridge as cb
 import numpy as np
@@ -97,6 +98,19 @@ def test_numpy_bfloat16_arrays_come_in_zero_copy():
     assert back.dtype == np.dtype(ml_dtypes.bfloat16)
     assert torch.equal(torch.from_dlpack(cb.asarray(back)), torch.arange(5).to(torch.bfloat16))
     assert torch.equal(torch.from_dlpack(cb.add(n, n)), ref + ref)
+
+
+@needs_torch
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch deprecates quantized tensors
+def test_a_producers_buffer_error_reaches_the_caller():
+    """torch refuses DLPack for a quantized tensor with BufferError; cubridge passes it on (the
+    DLPack standard asks consumers to), not a TypeError of its own."""
+    q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
+    with pytest.raises(BufferError) as refused:
+        q.__dlpack__()
+    for read in (cb.asarray, cb.from_dlpack):
+        with pytest.raises(BufferError, match=re.escape(str(refused.value))):
+            read(q)
 
 
 def test_numpy_scalars_come_in_as_0d_arrays():

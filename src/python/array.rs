@@ -121,6 +121,22 @@ fn bfloat16_view<'py>(slf: &Bound<'py, PyArray>) -> PyResult<Bound<'py, PyAny>> 
     words.call_method1("view", (bf16,))
 }
 
+/// TypeError for a `__dlpack__` stream that is none of what DLPack passes: None, an int, or
+/// (cubridge takes it too) an object with `__cuda_stream__`.
+fn check_stream_type(stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let Some(s) = stream.filter(|s| !s.is_none()) else {
+        return Ok(());
+    };
+    if s.is_instance_of::<pyo3::types::PyInt>() || s.hasattr("__cuda_stream__")? {
+        return Ok(());
+    }
+    Err(Error::wrong_type(format!(
+        "__dlpack__'s stream must be None, an int or an object with __cuda_stream__, not {}",
+        super::import::type_name(s)
+    ))
+    .into())
+}
+
 /// Hands `array` (the exported memory: the array's own, or a copy made for the consumer) over
 /// to the consumer of `request`, on the stream it names.
 fn hand_over(array: &Array, request: &ExportRequest<'_>) -> PyResult<()> {
@@ -266,6 +282,7 @@ impl PyArray {
     ) -> PyResult<Py<PyAny>> {
         let _restore = crate::cuda::context::Restore::new();
         let own = self.inner.device();
+        check_stream_type(stream.as_ref())?;
         if own == Device::Cpu && stream.as_ref().is_some_and(|s| !s.is_none()) {
             // The DLPack protocol has no streams for host memory; numpy refuses them too.
             return Err(Error::export("a CPU array's __dlpack__ takes stream=None only").into());
@@ -296,6 +313,12 @@ impl PyArray {
                 "copy=False but the array is on {own} and {target} was requested"
             ))
             .into());
+        }
+        if target != Device::Cpu {
+            // A device this process cannot reach is the export's refusal, as the spec says.
+            crate::cuda::require(target).map_err(|e| {
+                PyErr::from(Error::export(format!("cannot export to {target}: {e}")))
+            })?;
         }
         let src = &self.inner;
         let copied = py.detach(|| ops::copy(src, src.dtype(), target))?;
