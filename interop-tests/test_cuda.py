@@ -94,6 +94,30 @@ def test_pinned_and_managed_arrays():
         assert np.asarray(a).ctypes.data == a.data_ptr
 
 
+@pytest.mark.parametrize("device", ["cuda_host", "cuda_managed"])
+def test_pinned_and_managed_arrays_export_in_place_to_the_cpu(device):
+    """Host-accessible memory asked for on the CPU (numpy.from_dlpack(x, device="cpu") asks for
+    dl_device=(1, 0)) is exported in place, labelled CPU, with or without copy=False;
+    copy=True still copies."""
+    ref = sample((4, 5), "float32", 1)
+    a = cb.asarray(ref, device=device)
+    n = np.from_dlpack(a, device="cpu")
+    assert n.ctypes.data == a.data_ptr
+    np.testing.assert_array_equal(n, ref)
+    n[0, 0] = 42.0  # the same memory
+    np.testing.assert_array_equal(a.to_device("cpu").to_numpy()[0, 0], 42.0)
+    for kwargs in ({}, {"copy": False}, {"max_version": (1, 0)}):
+        capsule = a.__dlpack__(dl_device=(1, 0), **kwargs)
+        view = cb.from_dlpack(capsule)
+        assert view.device == "cpu" and view.data_ptr == a.data_ptr
+    t = a.T
+    assert np.from_dlpack(t, device="cpu").ctypes.data == t.data_ptr
+    np.testing.assert_array_equal(np.from_dlpack(t, device="cpu"), n.T)
+    copied = np.from_dlpack(a, device="cpu", copy=True)
+    assert copied.ctypes.data != a.data_ptr
+    np.testing.assert_array_equal(copied, n)
+
+
 def test_torch_and_cupy_read_cubridge_arrays_zero_copy():
     a = cb.arange(12, dtype="float32", device="cuda")
     t = torch.from_dlpack(a)
