@@ -281,16 +281,11 @@ fn scalar_operand(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, Option<DTy
     if let Some(v) = python_scalar(obj)? {
         return Ok(Some((v, None)));
     }
-    if let Some((v, d)) = typed_numpy_scalar(obj)? {
-        return Ok(Some((v, Some(d))));
+    if super::import::is_numpy_ndarray(obj) {
+        let value = super::import::ndarray::zero_d_value(obj);
+        return Ok(value.map(|(v, d)| (v, Some(d))));
     }
-    Ok(super::import::ndarray::import(obj)
-        .filter(|a| a.ndim() == 0)
-        .map(|a| {
-            // SAFETY: a 0-d numpy array holds one element of its dtype at its data pointer.
-            let v = unsafe { crate::cpu::copy::read_scalar(a.dtype(), a.data_ptr(), 0) };
-            (v, Some(a.dtype()))
-        }))
+    Ok(typed_numpy_scalar(obj)?.map(|(v, d)| (v, Some(d))))
 }
 
 /// add's inputs: the arrays, and a scalar beside an array by value (add commutes, so the array

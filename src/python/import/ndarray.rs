@@ -126,6 +126,24 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
     Some(unsafe { checked.into_array(Box::new(Holder::new(obj))) })
 }
 
+/// The value and dtype of `obj` if it is a 0-d `numpy.ndarray` of a dtype read here (numpy
+/// takes one as a scalar beside arrays); `None` for anything else, without importing it.
+pub fn zero_d_value(obj: &Bound<'_, PyAny>) -> Option<(Scalar, DType)> {
+    if !super::is_numpy_ndarray(obj) {
+        return None;
+    }
+    // SAFETY: `obj` is exactly a numpy.ndarray, whose object starts with `ArrayFields`.
+    let nd = unsafe { (*obj.as_ptr().cast::<ArrayFields>()).nd };
+    if nd != 0 {
+        return None;
+    }
+    let array = import(obj)?;
+    // SAFETY: a 0-d array holds one element of its dtype at its data pointer, valid while
+    // `array` (which holds `obj`) lives.
+    let value = unsafe { read_scalar(array.dtype(), array.data_ptr(), 0) };
+    Some((value, array.dtype()))
+}
+
 /// Whether `typeobj` (a dtype's scalar type) is ml_dtypes' `bfloat16`: numpy has no bfloat16,
 /// and its arrays of ml_dtypes' (which `numpy.asarray` of a cubridge bfloat16 array makes)
 /// export neither DLPack nor a buffer. ml_dtypes' bfloat16 is 2 bytes, native byte order.
