@@ -222,6 +222,33 @@ def test_partial_overlap_is_refused():
         cb.add(buf[::-1], buf, out=buf)
 
 
+def test_out_in_another_block_of_the_same_array_runs():
+    """Blocks of one array that share no element (columns, rows, interleaved columns) are not
+    an overlap, as in numpy and torch, though their byte ranges intersect."""
+    every = slice(None)
+    for src, dst in [
+        ((every, slice(0, 3)), (every, slice(3, 6))),
+        ((slice(0, 2), every), (slice(2, 4), every)),
+        ((every, slice(0, 6, 2)), (every, slice(1, 6, 2))),
+        ((slice(0, 4, 2), slice(1, 6, 2)), (slice(1, 4, 2), slice(0, 6, 2))),
+    ]:
+        x = np.arange(24.0).reshape(4, 6)
+        assert not np.shares_memory(x[src], x[dst])
+        want = x.copy()
+        want[dst] = x[src] + 1
+        cb.add(x[src], 1, out=x[dst])
+        np.testing.assert_array_equal(x, want)
+
+
+@needs_torch
+def test_out_in_another_column_block_of_a_torch_tensor():
+    t = torch.arange(24.0).reshape(4, 6)
+    want = t.clone()
+    want[:, 3:] = t[:, :3] + 1
+    cb.add(t[:, :3], 1, out=t[:, 3:])
+    assert torch.equal(t, want)
+
+
 def test_out_errors():
     a = sample((3,), "float32")
     with pytest.raises(ValueError, match="shape"):
@@ -256,12 +283,94 @@ def test_python_scalars_take_the_array_dtype():
         cb.add(a, 0.5)
 
 
+@pytest.mark.parametrize("form", ["scalar", "0-d"])
+def test_numpy_scalars_keep_their_dtype_as_in_numpy(form):
+    """A numpy scalar or 0-d numpy array beside an array is a typed operand (numpy's NEP 50):
+    every pair cubridge promotes gives numpy's dtype and values, either way round; mixing
+    kinds is the TypeError that arrays raise."""
+    for da, ds in itertools.product(NUMPY_DTYPES, repeat=2):
+        a = sample((3,), da, 1)
+        s = np.asarray(sample((1,), ds, 2)[0])
+        if form == "scalar":
+            s = s[()]
+        try:
+            r = cb.add(a, s)
+        except TypeError as e:
+            assert da in str(e) and ds in str(e), (da, ds, e)
+            continue
+        check(r, a + s)
+        check(cb.add(s, a), s + a)
+
+
+def test_numpy_scalars_beside_scalars_match_numpy():
+    for x, y in [
+        (np.float32(1.5), 2.25),
+        (2.25, np.float32(1.5)),
+        (np.int8(100), 100),
+        (np.float32(0.1), np.float64(0.2)),
+        (np.uint8(7), np.array(np.int8(-3))),
+    ]:
+        with np.errstate(over="ignore"):
+            want = np.asarray(np.add(x, y))
+        check(cb.add(x, y), want)
+    a = sample((4,), "float32", 3)
+    out = np.empty(4, np.float64)
+    cb.add(a, np.float64(0.1), out=out)
+    np.testing.assert_array_equal(out, a + np.float64(0.1))
+
+
 def test_operator_plus():
     a = cb.asarray(np.arange(4, dtype=np.int32))
     check(a + a, np.arange(4, dtype=np.int32) * 2)
     check(a + 1, np.arange(1, 5, dtype=np.int32))
     check(1 + a, np.arange(1, 5, dtype=np.int32))
     check(a + np.ones(4, dtype=np.int32), np.arange(1, 5, dtype=np.int32))
+
+
+def test_in_place_plus_writes_the_memory_the_array_views():
+    """`x += y` writes in place, as numpy's, torch's and CuPy's do; what numpy refuses to cast
+    back into x (a float into an int array) and read-only memory are refused."""
+    n = np.arange(6, dtype=np.int32)
+    x = cb.asarray(n)
+    alias = x
+    x += 1
+    assert x is alias
+    np.testing.assert_array_equal(n, np.arange(1, 7, dtype=np.int32))
+    x += np.full(6, 10, dtype=np.int16)
+    np.testing.assert_array_equal(n, np.arange(11, 17, dtype=np.int32))
+    with pytest.raises(TypeError):
+        n += 1.5
+    with pytest.raises(TypeError):
+        x += 1.5
+    ro = np.arange(3.0)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):
+        ro += 1
+    frozen = cb.asarray(ro)
+    with pytest.raises(ValueError, match="read-only"):
+        frozen += 1
+    np.testing.assert_array_equal(ro, np.arange(3.0))
+
+
+@needs_torch
+def test_in_place_plus_on_a_torch_view():
+    t = torch.arange(4, dtype=torch.float32)
+    x = cb.from_dlpack(t)
+    x += 0.5
+    assert torch.equal(t, torch.arange(4, dtype=torch.float32) + 0.5)
+
+
+def test_in_place_plus_with_an_unreadable_operand_defers_to_it():
+    class Other:
+        def __radd__(self, other):
+            return "other"
+
+    x = cb.zeros(3)
+    x += Other()
+    assert x == "other"
+    y = cb.zeros(3)
+    with pytest.raises(TypeError, match=r"\+="):
+        y += object()
 
 
 @needs_jax

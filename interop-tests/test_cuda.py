@@ -94,6 +94,30 @@ def test_pinned_and_managed_arrays():
         assert np.asarray(a).ctypes.data == a.data_ptr
 
 
+@pytest.mark.parametrize("device", ["cuda_host", "cuda_managed"])
+def test_pinned_and_managed_arrays_export_in_place_to_the_cpu(device):
+    """Host-accessible memory asked for on the CPU (numpy.from_dlpack(x, device="cpu") asks for
+    dl_device=(1, 0)) is exported in place, labelled CPU, with or without copy=False;
+    copy=True still copies."""
+    ref = sample((4, 5), "float32", 1)
+    a = cb.asarray(ref, device=device)
+    n = np.from_dlpack(a, device="cpu")
+    assert n.ctypes.data == a.data_ptr
+    np.testing.assert_array_equal(n, ref)
+    n[0, 0] = 42.0  # the same memory
+    np.testing.assert_array_equal(a.to_device("cpu").to_numpy()[0, 0], 42.0)
+    for kwargs in ({}, {"copy": False}, {"max_version": (1, 0)}):
+        capsule = a.__dlpack__(dl_device=(1, 0), **kwargs)
+        view = cb.from_dlpack(capsule)
+        assert view.device == "cpu" and view.data_ptr == a.data_ptr
+    t = a.T
+    assert np.from_dlpack(t, device="cpu").ctypes.data == t.data_ptr
+    np.testing.assert_array_equal(np.from_dlpack(t, device="cpu"), n.T)
+    copied = np.from_dlpack(a, device="cpu", copy=True)
+    assert copied.ctypes.data != a.data_ptr
+    np.testing.assert_array_equal(copied, n)
+
+
 def test_torch_and_cupy_read_cubridge_arrays_zero_copy():
     a = cb.arange(12, dtype="float32", device="cuda")
     t = torch.from_dlpack(a)
@@ -492,6 +516,31 @@ def test_python_scalar_errors_on_the_device():
         cb.add(torch.zeros(4, dtype=torch.uint8, device="cuda"), -1)
 
 
+@pytest.mark.parametrize("form", ["scalar", "0-d"])
+@pytest.mark.parametrize(
+    "da,ds",
+    [(d, d) for d in NUMPY_DTYPES]
+    + [("float32", "float64"), ("int8", "int64"), ("uint8", "int8"), ("float16", "float32")],
+)
+def test_numpy_scalar_beside_a_device_array(da, ds, form):
+    """A numpy scalar or 0-d numpy array beside a CUDA array is a value of its own dtype, as
+    in CuPy and torch (not a host array on another device), promoted as numpy promotes it."""
+    a = sample((5, 7), da, 1)
+    s = np.asarray(sample((1,), ds, 2)[0])
+    if form == "scalar":
+        s = s[()]
+    x = cb.asarray(a, device="cuda")
+    want = a + s
+    for r in (cb.add(x, s), cb.add(s, x)):
+        assert r.device == "cuda:0"
+        got = r.to_numpy()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    if want.dtype == a.dtype:
+        cb.add(x, s, out=x)
+        np.testing.assert_array_equal(x.to_numpy(), want)
+
+
 def test_tiled_add_with_promotion():
     gen = torch.Generator(device="cuda").manual_seed(3)
     a = _random((300, 200), "float16", gen).T  # transposed float16
@@ -698,6 +747,18 @@ def test_legacy_stream_result_read_on_other_streams_waits_for_its_kernel():
 
 
 @pytest.mark.whole_gpu
+def test_dlpack_refusals_of_a_device_array():
+    """A stream of another type is a TypeError; a device that does not exist, or one of a type
+    cubridge has not, is the export's BufferError."""
+    a = cb.zeros(3, device="cuda")
+    for stream in (object(), 1.5):
+        with pytest.raises(TypeError, match="stream"):
+            a.__dlpack__(stream=stream)
+    for device in [(2, cb.cuda.device_count()), (4, 0)]:
+        with pytest.raises(BufferError):
+            a.__dlpack__(dl_device=device)
+
+
 def test_gigabyte_export_is_freed_after_both_sides_let_go():
     # torch's add_ and CuPy's import load their kernels on first use, which takes device memory
     # they keep: done once before the baseline, so that only the export is measured.

@@ -52,6 +52,34 @@ def test_dtype_and_device_objects():
     assert repr(cb.zeros((2, 3))) == "cubridge.Array(shape=(2, 3), dtype=float32, device=cpu)"
 
 
+NUMPY_ALIASES = [
+    np.longlong, np.ulonglong, np.intc, np.uintc, np.int_, np.intp, np.double, np.single,
+    np.half, np.csingle, np.cdouble, np.bool_, np.byte, np.ubyte, np.short, np.ushort,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("alias", NUMPY_ALIASES, ids=lambda t: t.__name__)
+def test_numpy_dtypes_of_any_spelling_are_dtypes(alias):
+    """numpy's dtype and scalar type of every alias are accepted as dtypes and compare equal to
+    cubridge's (both ways round), as numpy's own dtype does; other dtypes compare unequal."""
+    want = np.dtype(alias)
+    a = cb.zeros(3, dtype=alias)
+    assert np.asarray(a).dtype == want
+    for other in (alias, want, want.name):
+        assert a.dtype == other and other == a.dtype and not (a.dtype != other)
+    assert cb.dtype(alias) == cb.dtype(want.name)
+    wrong = np.float32 if want != np.float32 else np.float64
+    assert a.dtype != wrong and a.dtype != np.dtype(wrong) and wrong != a.dtype
+
+
+def test_dtype_equality_refuses_what_numpy_tells_apart():
+    assert cb.float32 != np.dtype(">f4")
+    assert cb.float32 != "f4" and cb.float32 != object()
+    for bad in (np.dtype(">f4"), np.datetime64, np.dtype("U3")):
+        with pytest.raises(TypeError, match="unsupported dtype"):
+            cb.zeros(2, dtype=bad)
+
+
 def test_array_attributes():
     a = cb.zeros((2, 3), dtype="float64")
     assert (a.shape, a.strides, a.ndim, a.size, a.nbytes) == ((2, 3), (3, 1), 2, 6, 48)

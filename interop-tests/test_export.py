@@ -147,6 +147,30 @@ def test_dl_device_cpu_is_zero_copy_and_other_devices_refuse_without_copy():
         a.__dlpack__(dl_device=(10, 0))  # ROCm
 
 
+def test_dl_device_that_cannot_be_served_is_a_buffer_error():
+    """The DLPack standard's refusal for a device the producer cannot serve: a device type
+    cubridge has not, a CUDA device that does not exist, CUDA where there is none."""
+    a = cb.arange(3, dtype="float32")
+    for device in [(4, 0), (2, 1 << 20)]:
+        with pytest.raises(BufferError):
+            a.__dlpack__(dl_device=device)
+        with pytest.raises(BufferError):
+            a.__dlpack__(dl_device=device, max_version=(1, 0))
+    if not cb.cuda.is_available():
+        for device in [(2, 0), (3, 0), (13, 0)]:
+            with pytest.raises(BufferError):
+                a.__dlpack__(dl_device=device)
+
+
+@pytest.mark.parametrize("stream", [object(), 1.5, "1", [1]], ids=repr)
+def test_dlpack_stream_of_another_type_is_a_type_error(stream):
+    """As torch's: a stream is None or an int (the DLPack standard's tests expect it)."""
+    with pytest.raises(TypeError, match="stream"):
+        cb.arange(3).__dlpack__(stream=stream)
+    with pytest.raises(TypeError, match="stream"):
+        cb.arange(3).__dlpack__(stream=stream, max_version=(1, 0))
+
+
 def test_read_only_views_export_read_only():
     ref = np.arange(6, dtype=np.int16)
     ref.flags.writeable = False

@@ -3,6 +3,7 @@ objects. Zero copy is checked with pointers, lifetime by deleting the producer f
 
 import array
 import gc
+import re
 
 import cubridge as cb
 import numpy as np
@@ -75,6 +76,41 @@ def test_numpy_strides_and_offsets(make):
     np.testing.assert_array_equal(a.to_numpy(), v)
     if v.size:
         assert a.data_ptr == v.ctypes.data
+
+
+@needs_torch
+def test_numpy_bfloat16_arrays_come_in_zero_copy():
+    """An ml_dtypes bfloat16 numpy array (which numpy.asarray of a cubridge bfloat16 array
+    makes) comes back without a copy, though numpy's DLPack export and buffer refuse it."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ref = torch_sample((3, 4), "bfloat16", 1)
+    n = ref.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    for read in (cb.asarray, cb.from_dlpack):
+        a = read(n)
+        assert a.dtype == "bfloat16" and a.shape == (3, 4)
+        assert a.data_ptr == n.ctypes.data
+        assert torch.equal(torch.from_dlpack(a), ref)
+    t = n.T[::2]
+    a = cb.asarray(t)
+    assert a.data_ptr == t.ctypes.data and a.strides == (2, 4)
+    assert torch.equal(torch.from_dlpack(a), ref.T[::2])
+    back = np.asarray(cb.arange(5, dtype="bfloat16"))
+    assert back.dtype == np.dtype(ml_dtypes.bfloat16)
+    assert torch.equal(torch.from_dlpack(cb.asarray(back)), torch.arange(5).to(torch.bfloat16))
+    assert torch.equal(torch.from_dlpack(cb.add(n, n)), ref + ref)
+
+
+@needs_torch
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch deprecates quantized tensors
+def test_a_producers_buffer_error_reaches_the_caller():
+    """torch refuses DLPack for a quantized tensor with BufferError; cubridge passes it on (the
+    DLPack standard asks consumers to), not a TypeError of its own."""
+    q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
+    with pytest.raises(BufferError) as refused:
+        q.__dlpack__()
+    for read in (cb.asarray, cb.from_dlpack):
+        with pytest.raises(BufferError, match=re.escape(str(refused.value))):
+            read(q)
 
 
 def test_numpy_scalars_come_in_as_0d_arrays():

@@ -70,3 +70,44 @@ def test_round_trip_through_dlpack_and_buffer(data, shape, dtype):
     np.testing.assert_array_equal(np.asarray(a), v)
     if v.size:
         assert a.data_ptr == v.ctypes.data
+
+
+def strided_view(base, shape, strides, start):
+    """A writable view of `base` (1-d) with `shape`, element `strides` (any sign) and its first
+    element at `start`; None where it would leave `base`."""
+    reach = [s * (n - 1) for s, n in zip(strides, shape, strict=True)]
+    low, high = sum(r for r in reach if r < 0), sum(r for r in reach if r > 0)
+    if start + low < 0 or start + high >= base.size:
+        return None
+    steps = [s * base.itemsize for s in strides]
+    return np.lib.stride_tricks.as_strided(base[start:], shape, steps, writeable=True)
+
+
+@given(data=st.data(), shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple))
+def test_out_is_refused_only_where_numpy_finds_shared_memory(data, shape):
+    """add(a, 1, out=b) for two views of one buffer runs wherever they share no element
+    (np.shares_memory, exact), and then equals numpy's; where they share one, only out
+    identical to the input runs. b is mostly a's layout a few elements away (blocks of one
+    array), else any other."""
+    base = np.arange(64, dtype=np.float32)
+    strides = [data.draw(st.sampled_from([-3, -1, 1, 2, 3, 4, 6, 8])) for _ in shape]
+    start = data.draw(st.integers(0, 63))
+    if data.draw(st.integers(0, 3)):
+        other = strides
+    else:
+        other = [data.draw(st.integers(-4, 6)) for _ in shape]
+    a = strided_view(base, shape, strides, start)
+    b = strided_view(base, shape, other, start + data.draw(st.integers(-8, 8)))
+    if a is None or b is None:
+        return
+    identical = a.ctypes.data == b.ctypes.data and a.strides == b.strides
+    shares = np.shares_memory(a, b)
+    want = a + np.float32(1)
+    try:
+        cb.add(a, 1, out=b)
+    except ValueError as e:
+        # (out whose own elements may meet is refused whatever a is.)
+        assert "overlaps itself" in str(e) or (shares and not identical), (a.strides, b.strides)
+        return
+    assert identical or not shares
+    np.testing.assert_array_equal(b, want)

@@ -263,6 +263,34 @@ impl Array {
         }
     }
 
+    /// The memory of a pinned or managed array labelled as CPU memory, for a consumer on the
+    /// host, once the device's last write of it is complete: the host waits for that write's
+    /// event, as a copy to the host does (no stream orders the CPU's reads). Work that only
+    /// reads the memory is not waited for; a consumer that writes it while a kernel still
+    /// reads it races, as with any host memory the device uses.
+    pub fn host_view(&self) -> Result<Array> {
+        if !matches!(self.device, Device::CudaHost | Device::CudaManaged) {
+            return Err(Error::invalid(format!(
+                "only pinned or managed memory can be seen as CPU memory, not {}",
+                self.device
+            )));
+        }
+        if let Some(event) = self.pending()? {
+            event.synchronize()?;
+        }
+        // SAFETY: the same buffer, layout and dtype as this array's (1); pinned and managed
+        // memory is host memory that the CPU addresses (2); the read-only flag is kept (3).
+        Ok(unsafe {
+            Array::from_parts(
+                self.buffer.clone(),
+                self.layout.clone(),
+                self.dtype,
+                Device::Cpu,
+                self.readonly,
+            )
+        })
+    }
+
     /// Whether CUDA work has written the array's memory (see [`Array::pending`]).
     pub fn has_pending(&self) -> bool {
         self.buffer.last_write().is_some()
@@ -416,6 +444,16 @@ impl Array {
             base.wrapping_add(start) as usize,
             base.wrapping_add(end) as usize,
         ))
+    }
+
+    /// Where the elements lie in memory, for [`crate::layout::may_share_memory`].
+    pub fn footprint(&self) -> crate::layout::Footprint<'_> {
+        crate::layout::Footprint {
+            first: self.data_ptr() as usize,
+            itemsize: self.dtype.itemsize(),
+            shape: self.shape(),
+            strides: self.strides(),
+        }
     }
 }
 

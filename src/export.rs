@@ -39,6 +39,37 @@ pub fn to_managed<M: ManagedTensorBase>(array: &Array, copied: bool) -> Result<M
     Ok(unsafe { tensor.finish() })
 }
 
+/// How `__dlpack__` serves a request for `target` from memory on `own`, given `copy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The array's own memory, as it is labelled.
+    Own,
+    /// The array's own memory labelled as CPU memory: pinned and managed memory that a CPU
+    /// consumer asked for is host memory it can read in place (the Array API allows it).
+    Host,
+    /// A copy on `target`.
+    Copy,
+}
+
+/// The [`Route`] of an export of memory on `own` to `target`: the memory itself where the
+/// consumer can read it and no copy is asked for (`copy=True`), else a copy, which
+/// `copy=False` refuses.
+pub fn route(own: crate::Device, target: crate::Device, copy: Option<bool>) -> Result<Route> {
+    use crate::Device::{Cpu, CudaHost, CudaManaged};
+    let route = match (own, target) {
+        _ if copy == Some(true) => Route::Copy,
+        _ if own == target => Route::Own,
+        (CudaHost | CudaManaged, Cpu) => Route::Host,
+        _ => Route::Copy,
+    };
+    if route == Route::Copy && copy == Some(false) {
+        return Err(Error::Export(format!(
+            "copy=False but the array is on {own} and {target} was requested"
+        )));
+    }
+    Ok(route)
+}
+
 /// The flags an export of `array` carries without copying.
 pub fn zero_copy_flags(array: &Array) -> DlpackFlags {
     if array.readonly() {
@@ -55,6 +86,33 @@ mod tests {
     use crate::dtype::DType;
     use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned};
     use std::sync::Arc;
+
+    #[test]
+    fn routes_serve_host_memory_in_place_to_the_cpu() {
+        use Device::{Cpu, Cuda, CudaHost, CudaManaged};
+        for copy in [None, Some(false)] {
+            assert_eq!(route(Cpu, Cpu, copy).unwrap(), Route::Own);
+            assert_eq!(route(Cuda(0), Cuda(0), copy).unwrap(), Route::Own);
+            assert_eq!(route(CudaHost, CudaHost, copy).unwrap(), Route::Own);
+            assert_eq!(route(CudaHost, Cpu, copy).unwrap(), Route::Host);
+            assert_eq!(route(CudaManaged, Cpu, copy).unwrap(), Route::Host);
+        }
+        for (own, target) in [
+            (Cuda(0), Cpu),
+            (Cpu, Cuda(0)),
+            (Cuda(0), Cuda(1)),
+            (Cpu, CudaHost),
+        ] {
+            assert_eq!(route(own, target, None).unwrap(), Route::Copy);
+            assert!(matches!(
+                route(own, target, Some(false)),
+                Err(Error::Export(_))
+            ));
+        }
+        for (own, target) in [(CudaHost, Cpu), (CudaManaged, Cpu), (Cpu, Cpu)] {
+            assert_eq!(route(own, target, Some(true)).unwrap(), Route::Copy);
+        }
+    }
 
     #[test]
     fn export_keeps_the_buffer_alive_and_describes_it() {

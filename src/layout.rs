@@ -543,9 +543,240 @@ pub fn coalesce_of(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Ve
     (out_shape, out_strides)
 }
 
+/// The elements of a strided array in memory, for [`may_share_memory`]: the address of its
+/// first element, the bytes per element, and its shape and element strides.
+#[derive(Clone, Copy, Debug)]
+pub struct Footprint<'a> {
+    /// Address of the first element.
+    pub first: usize,
+    /// Bytes per element.
+    pub itemsize: usize,
+    /// Extent of each dimension.
+    pub shape: &'a [usize],
+    /// Stride of each dimension, in elements (any sign).
+    pub strides: &'a [isize],
+}
+
+impl Footprint<'_> {
+    /// The lowest address the elements' bytes take, and the terms `(coefficient, bound)` of
+    /// every byte's address above it: `lowest + sum(c * x)` for `0 <= x <= bound` (a term per
+    /// dimension that moves, with its stride in bytes, and one for the bytes of an element).
+    /// `None` for an array without elements.
+    fn terms(&self) -> Option<(i128, Vec<(i128, i128)>)> {
+        if self.shape.contains(&0) {
+            return None;
+        }
+        let item = self.itemsize as i128;
+        let mut lowest = self.first as i128;
+        let mut terms = Vec::with_capacity(self.shape.len() + 1);
+        for (&n, &s) in self.shape.iter().zip(self.strides) {
+            let (c, bound) = (s as i128 * item, n as i128 - 1);
+            if c < 0 {
+                // Counted from the other end, the dimension steps up.
+                lowest += c * bound;
+            }
+            terms.push((c.abs(), bound));
+        }
+        terms.push((1, item - 1));
+        Some((lowest, terms))
+    }
+}
+
+/// Search steps that [`may_share_memory`] takes before it stops deciding.
+pub const SHARE_WORK: usize = 1 << 12;
+
+/// Whether an element of `a` and an element of `b` may share a byte: `false` only where none
+/// does. An address both take solves one linear equation in the arrays' indices, each bounded
+/// by its extent (numpy's `shares_memory` solves the same); a depth-first search with range and
+/// divisibility pruning decides it exactly for disjoint row or column blocks, interleaved
+/// strides and whatever slicing makes, within `max_work` steps. Beyond them it answers `true`
+/// without deciding, as numpy's `may_share_memory` does.
+pub fn may_share_memory(a: &Footprint<'_>, b: &Footprint<'_>, max_work: usize) -> bool {
+    let (Some((lowest_a, mut terms)), Some((lowest_b, terms_b))) = (a.terms(), b.terms()) else {
+        return false;
+    };
+    // lowest_a + sum(c x) = lowest_b + sum(c y); with b's indices counted from their ends
+    // (y = bound - y'), every coefficient is positive and the sum a constant.
+    let span_b: i128 = terms_b.iter().map(|&(c, bound)| c * bound).sum();
+    terms.extend(terms_b);
+    Share::new(terms, max_work).solve(0, lowest_b - lowest_a + span_b) != Some(false)
+}
+
+/// The search of [`may_share_memory`]: is `target = sum(c_k x_k)` with `0 <= x_k <= bound_k`?
+struct Share {
+    /// `(c, bound)`, one per coefficient (equal ones merged), largest first.
+    terms: Vec<(i128, i128)>,
+    /// `reach[k]`: the largest sum of the terms from `k` on (one more entry: 0).
+    reach: Vec<i128>,
+    /// `gcds[k]`: the gcd of the coefficients from `k` on (one more entry: 0).
+    gcds: Vec<i128>,
+    /// Steps left.
+    work: usize,
+}
+
+impl Share {
+    fn new(mut terms: Vec<(i128, i128)>, work: usize) -> Share {
+        terms.retain(|&(c, bound)| c > 0 && bound > 0);
+        terms.sort_unstable_by_key(|&(c, _)| std::cmp::Reverse(c));
+        // Two terms of one coefficient reach exactly the sums of one with both bounds.
+        terms.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1 += next.1;
+            }
+            same
+        });
+        let n = terms.len();
+        let (mut reach, mut gcds) = (vec![0; n + 1], vec![0; n + 1]);
+        for k in (0..n).rev() {
+            reach[k] = reach[k + 1] + terms[k].0 * terms[k].1;
+            gcds[k] = gcd(gcds[k + 1], terms[k].0);
+        }
+        Share {
+            terms,
+            reach,
+            gcds,
+            work,
+        }
+    }
+
+    /// Whether the terms from `k` on sum to `target`; `None` once the steps run out.
+    fn solve(&mut self, k: usize, target: i128) -> Option<bool> {
+        if target < 0 || target > self.reach[k] {
+            return Some(false);
+        }
+        if k == self.terms.len() {
+            return Some(target == 0);
+        }
+        if target % self.gcds[k] != 0 {
+            return Some(false);
+        }
+        self.work = self.work.checked_sub(1)?;
+        let (c, bound) = self.terms[k];
+        // The rest reaches at most reach[k + 1]: x may not leave more than that.
+        let low = (target - self.reach[k + 1] + c - 1).div_euclid(c).max(0);
+        for x in (low..=bound.min(target / c)).rev() {
+            if self.solve(k + 1, target - x * c)? {
+                return Some(true);
+            }
+        }
+        Some(false)
+    }
+}
+
+fn gcd(a: i128, b: i128) -> i128 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every byte address of a footprint, counted one by one.
+    fn bytes_of(f: &Footprint<'_>) -> std::collections::BTreeSet<i128> {
+        let mut all = std::collections::BTreeSet::new();
+        let n: usize = f.shape.iter().product();
+        for flat in 0..n {
+            let (mut rest, mut at) = (flat, f.first as i128);
+            for (&d, &s) in f.shape.iter().zip(f.strides).rev() {
+                at += (rest % d) as i128 * s as i128 * f.itemsize as i128;
+                rest /= d;
+            }
+            all.extend((0..f.itemsize as i128).map(|b| at + b));
+        }
+        all
+    }
+
+    #[test]
+    fn shared_memory_is_decided_for_blocks_and_interleaved_strides() {
+        let fp = |first, itemsize, shape, strides| Footprint {
+            first,
+            itemsize,
+            shape,
+            strides,
+        };
+        // Columns 0..3 and 3..6 of a 4 x 6 float32 array (byte 1000 on), rows 0..2 and 2..4.
+        let left = fp(1000, 4, &[4, 3], &[6, 1]);
+        let right = fp(1012, 4, &[4, 3], &[6, 1]);
+        let (top, bottom) = (fp(1000, 4, &[2, 6], &[6, 1]), fp(1048, 4, &[2, 6], &[6, 1]));
+        let (even, odd) = (fp(1000, 4, &[4], &[2]), fp(1004, 4, &[4], &[2]));
+        for (a, b) in [(left, right), (top, bottom), (even, odd)] {
+            assert!(!may_share_memory(&a, &b, SHARE_WORK), "{a:?} {b:?}");
+            assert!(!may_share_memory(&b, &a, SHARE_WORK), "{b:?} {a:?}");
+        }
+        // Undecided for want of steps, interleaved blocks may share; apart, bounds decide.
+        assert!(may_share_memory(&left, &right, 0) && may_share_memory(&even, &odd, 0));
+        assert!(!may_share_memory(&top, &bottom, 0));
+        let shifted = fp(1008, 4, &[3], &[2]);
+        let reversed = fp(1000 + 4 * 7, 4, &[8], &[-1]);
+        let all = fp(1000, 4, &[8], &[1]);
+        for (a, b) in [(even, shifted), (left, left), (all, reversed), (all, odd)] {
+            assert!(may_share_memory(&a, &b, SHARE_WORK), "{a:?} {b:?}");
+        }
+        // Bytes of an element: a uint8 view at byte 3 of every int32 meets them; at byte 16 on,
+        // past them, it does not.
+        let ints = fp(1000, 4, &[4], &[1]);
+        assert!(may_share_memory(
+            &ints,
+            &fp(1003, 1, &[4], &[4]),
+            SHARE_WORK
+        ));
+        assert!(!may_share_memory(
+            &ints,
+            &fp(1016, 1, &[4], &[4]),
+            SHARE_WORK
+        ));
+        // Nothing is shared with an empty array.
+        assert!(!may_share_memory(
+            &ints,
+            &fp(1000, 4, &[0, 3], &[3, 1]),
+            SHARE_WORK
+        ));
+    }
+
+    #[test]
+    fn shared_memory_agrees_with_counting_every_byte() {
+        // A fixed pseudo-random walk over small layouts (strides of any sign, zero included).
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        for _ in 0..3000 {
+            let mut make = || {
+                let ndim = 1 + next(3) as usize;
+                let shape: Vec<usize> = (0..ndim).map(|_| next(4) as usize).collect();
+                let strides: Vec<isize> = (0..ndim).map(|_| next(9) as isize - 4).collect();
+                let itemsize = [1, 2, 4, 8][next(4) as usize];
+                (100 + next(40) as usize, itemsize, shape, strides)
+            };
+            let (a, b) = (make(), make());
+            let fa = Footprint {
+                first: a.0,
+                itemsize: a.1,
+                shape: &a.2,
+                strides: &a.3,
+            };
+            let fb = Footprint {
+                first: b.0,
+                itemsize: b.1,
+                shape: &b.2,
+                strides: &b.3,
+            };
+            let shared = !bytes_of(&fa).is_disjoint(&bytes_of(&fb));
+            assert_eq!(
+                may_share_memory(&fa, &fb, SHARE_WORK),
+                shared,
+                "{fa:?} {fb:?}"
+            );
+        }
+    }
 
     #[test]
     fn dims_collect_in_place_up_to_four_and_on_the_heap_beyond() {

@@ -334,6 +334,43 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_typed_value_promotes_with_its_own_dtype() {
+        let a = full(&[3], Scalar::Float(0.1), DType::Float32, Device::Cpu).unwrap();
+        let typed = |v, d| [Arg::Array(a.clone()), Arg::Value(v, Some(d))];
+        // numpy: float32 array + float64(0.1) is float64, from the float32 value widened.
+        let r = run(typed(Scalar::Float(0.1), DType::Float64), None, None).unwrap();
+        assert_eq!(r.dtype(), DType::Float64);
+        let want = f64::from(0.1f32) + 0.1;
+        assert!(values(&r).iter().all(|&v| v == Scalar::Float(want)));
+        // The same dtype as the array's keeps it; a Python value always takes the array's.
+        let r = run(typed(Scalar::Float(0.1), DType::Float32), None, None).unwrap();
+        assert_eq!(r.dtype(), DType::Float32);
+        assert_eq!(
+            add_scalar(&a, Scalar::Float(0.1), None, None)
+                .unwrap()
+                .dtype(),
+            DType::Float32
+        );
+        let i = full(&[2], Scalar::Int(100), DType::Int8, Device::Cpu).unwrap();
+        let inputs = [
+            Arg::Array(i.clone()),
+            Arg::Value(Scalar::Int(100), Some(DType::Int64)),
+        ];
+        let r = run(inputs, None, None).unwrap();
+        assert_eq!(r.dtype(), DType::Int64);
+        assert_eq!(values(&r), vec![Scalar::Int(200); 2]);
+        // Kinds mix as arrays' do: not at all.
+        let inputs = [
+            Arg::Array(i),
+            Arg::Value(Scalar::Float(1.0), Some(DType::Float64)),
+        ];
+        assert!(matches!(
+            run(inputs, None, None),
+            Err(Error::DTypeMismatch { .. })
+        ));
+    }
+
     fn unsafe_reshape(a: &Array, shape: &[usize]) -> Array {
         let l = crate::layout::Layout::contiguous(shape).unwrap();
         assert_eq!(l.numel(), a.numel());
@@ -393,6 +430,13 @@ mod compile_tests {
                     all.extend(programs(a, a, Role::Value, &ALL, index).unwrap());
                 }
             }
+        }
+        // A typed value (a numpy scalar) of a wider dtype than the array's.
+        for (a, b) in [
+            (DType::Float32, DType::Float64),
+            (DType::Int8, DType::Int64),
+        ] {
+            all.extend(programs(a, b, Role::Value, &ALL[..3], Index::I32).unwrap());
         }
         all.extend(DType::ALL.iter().map(|&d| kernels::gather_program(d)));
         for p in all {

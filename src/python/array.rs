@@ -8,7 +8,7 @@ use crate::array::Array;
 use crate::cuda::stream as cs;
 use crate::device::Device;
 use crate::error::{shape_str, Error};
-use crate::export::{to_managed, zero_copy_flags};
+use crate::export::{to_managed, zero_copy_flags, Route};
 use crate::ops;
 use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::python::{export_dlpack, CudaStreamRequest, DlpackExporter, ExportAbi, ExportRequest};
@@ -119,6 +119,64 @@ fn bfloat16_view<'py>(slf: &Bound<'py, PyArray>) -> PyResult<Bound<'py, PyAny>> 
         Some(&kwargs),
     )?;
     words.call_method1("view", (bf16,))
+}
+
+/// `array`'s own memory for `request` (zero-copy).
+fn export_in_place(
+    py: Python<'_>,
+    array: &Array,
+    request: ExportRequest<'_>,
+) -> PyResult<Py<PyAny>> {
+    if request.abi() == ExportAbi::Legacy && array.readonly() {
+        // (A copy is the consumer's own and writable: the legacy ABI serves it.)
+        return Err(Error::export(
+            "this array is read-only and the legacy DLPack ABI cannot say so; \
+             ask for max_version=(1, 0) or later, or copy=True",
+        )
+        .into());
+    }
+    export_dlpack(&Exporter(array), py, request)
+}
+
+/// A copy of `src` on `target` for `request`, flagged IS_COPIED.
+fn export_copy(
+    py: Python<'_>,
+    src: &Array,
+    target: Device,
+    request: ExportRequest<'_>,
+) -> PyResult<Py<PyAny>> {
+    if target != Device::Cpu {
+        // A device this process cannot reach is the export's refusal, as the spec says.
+        crate::cuda::require(target)
+            .map_err(|e| PyErr::from(Error::export(format!("cannot export to {target}: {e}"))))?;
+    }
+    let copied = py.detach(|| ops::copy(src, src.dtype(), target))?;
+    // The copy is queued like any write: the consumer's stream waits for it.
+    hand_over(&copied, &request)?;
+    match request.abi() {
+        ExportAbi::Versioned => to_managed::<DLManagedTensorVersioned>(&copied, true)?
+            .into_bound_py_any(py)
+            .map(Bound::unbind),
+        ExportAbi::Legacy => to_managed::<DLManagedTensor>(&copied, true)?
+            .into_bound_py_any(py)
+            .map(Bound::unbind),
+    }
+}
+
+/// TypeError for a `__dlpack__` stream that is none of what DLPack passes: None, an int, or
+/// (cubridge takes it too) an object with `__cuda_stream__`.
+fn check_stream_type(stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let Some(s) = stream.filter(|s| !s.is_none()) else {
+        return Ok(());
+    };
+    if s.is_instance_of::<pyo3::types::PyInt>() || s.hasattr("__cuda_stream__")? {
+        return Ok(());
+    }
+    Err(Error::wrong_type(format!(
+        "__dlpack__'s stream must be None, an int or an object with __cuda_stream__, not {}",
+        super::import::type_name(s)
+    ))
+    .into())
 }
 
 /// Hands `array` (the exported memory: the array's own, or a copy made for the consumer) over
@@ -266,6 +324,7 @@ impl PyArray {
     ) -> PyResult<Py<PyAny>> {
         let _restore = crate::cuda::context::Restore::new();
         let own = self.inner.device();
+        check_stream_type(stream.as_ref())?;
         if own == Device::Cpu && stream.as_ref().is_some_and(|s| !s.is_none()) {
             // The DLPack protocol has no streams for host memory; numpy refuses them too.
             return Err(Error::export("a CPU array's __dlpack__ takes stream=None only").into());
@@ -279,35 +338,12 @@ impl PyArray {
             })?,
             None => own,
         };
-        let zero_copy = target == own && copy != Some(true);
-        if zero_copy && request.abi() == ExportAbi::Legacy && self.inner.readonly() {
-            // (A copy is the consumer's own and writable: the legacy ABI serves it.)
-            return Err(Error::export(
-                "this array is read-only and the legacy DLPack ABI cannot say so; \
-                 ask for max_version=(1, 0) or later, or copy=True",
-            )
-            .into());
-        }
-        if zero_copy {
-            return export_dlpack(&Exporter(&self.inner), py, request);
-        }
-        if copy == Some(false) {
-            return Err(Error::export(format!(
-                "copy=False but the array is on {own} and {target} was requested"
-            ))
-            .into());
-        }
         let src = &self.inner;
-        let copied = py.detach(|| ops::copy(src, src.dtype(), target))?;
-        // The copy is queued like any write: the consumer's stream waits for it.
-        hand_over(&copied, &request)?;
-        match request.abi() {
-            ExportAbi::Versioned => to_managed::<DLManagedTensorVersioned>(&copied, true)?
-                .into_bound_py_any(py)
-                .map(Bound::unbind),
-            ExportAbi::Legacy => to_managed::<DLManagedTensor>(&copied, true)?
-                .into_bound_py_any(py)
-                .map(Bound::unbind),
+        match crate::export::route(own, target, copy)? {
+            Route::Own => export_in_place(py, src, request),
+            // Pinned or managed memory for a CPU consumer, once the device has written it.
+            Route::Host => export_in_place(py, &py.detach(|| src.host_view())?, request),
+            Route::Copy => export_copy(py, src, target, request),
         }
     }
 
@@ -408,6 +444,11 @@ impl PyArray {
 
     fn __radd__(slf: &Bound<'_, Self>, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         super::functions::add_operands(other, slf.as_any())
+    }
+
+    /// `x += y` writes `x`'s memory in place (`add(x, y, out=x)`).
+    fn __iadd__(slf: &Bound<'_, Self>, other: super::functions::Readable<'_>) -> PyResult<()> {
+        super::functions::add_in_place(slf.as_any(), &other)
     }
 
     /// # Safety

@@ -231,9 +231,9 @@ pub fn add(
     let _later = crate::cuda::release::DropLater::new();
     let explicit = super::stream::parse(stream)?;
     let out = out.filter(|o| !o.is_none());
-    // Python scalars go to the kernel by value; every other operand is imported for the kernel
+    // Scalars go to the kernel by value; every other operand is imported for the kernel
     // (which also picks its stream: `stream=`, else the first torch operand's current stream).
-    let (scalar_a, scalar_b) = (python_scalar(a)?, python_scalar(b)?);
+    let (scalar_a, scalar_b) = (scalar_operand(a)?, scalar_operand(b)?);
     let objs = [
         Some(a).filter(|_| scalar_a.is_none()),
         Some(b).filter(|_| scalar_b.is_none()),
@@ -274,21 +274,46 @@ pub fn add(
     })
 }
 
-/// add's inputs: the arrays, and a Python scalar beside an array by value (add commutes, so the
-/// array is always the first input); two scalars make a 0-d array on the CPU.
-fn add_inputs(arrays: [Option<Array>; 2], scalars: [Option<Scalar>; 2]) -> PyResult<(Array, Arg)> {
+/// A scalar operand of add as a value and, for a typed one, its dtype: a Python scalar (no
+/// dtype: it takes the other operand's), a numpy scalar or a 0-d numpy array (its own dtype,
+/// which promotes as an array's does, as in numpy). `None` for anything else.
+fn scalar_operand(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, Option<DType>)>> {
+    if obj.cast::<PyArray>().is_ok() {
+        return Ok(None);
+    }
+    if let Some(v) = python_scalar(obj)? {
+        return Ok(Some((v, None)));
+    }
+    if super::import::is_numpy_ndarray(obj) {
+        let value = super::import::ndarray::zero_d_value(obj);
+        return Ok(value.map(|(v, d)| (v, Some(d))));
+    }
+    Ok(typed_numpy_scalar(obj)?.map(|(v, d)| (v, Some(d))))
+}
+
+/// add's inputs: the arrays, and a scalar beside an array by value (add commutes, so the array
+/// is always the first input); two scalars make a 0-d array on the CPU (of the first typed
+/// one's dtype, else of the wider kind of two Python scalars, whichever comes first).
+fn add_inputs(
+    arrays: [Option<Array>; 2],
+    scalars: [Option<(Scalar, Option<DType>)>; 2],
+) -> PyResult<(Array, Arg)> {
     Ok(match (arrays, scalars) {
         ([Some(x), Some(y)], _) => (x, Arg::Array(y)),
-        ([Some(x), None], [_, Some(value)]) | ([None, Some(x)], [Some(value), _]) => {
-            (x, Arg::Value(value, None))
+        ([Some(x), None], [_, Some((v, d))]) | ([None, Some(x)], [Some((v, d)), _]) => {
+            (x, Arg::Value(v, d))
         }
-        ([None, None], [Some(va), Some(vb)]) => {
-            // Two Python scalars meet in the wider kind, whichever comes first.
-            let dtype = widest(default_dtype(va), default_dtype(vb));
+        ([None, None], [Some(sa), Some(sb)]) => {
+            let ((va, da), (vb, db)) = if sa.1.is_none() && sb.1.is_some() {
+                (sb, sa)
+            } else {
+                (sa, sb)
+            };
+            let dtype = da.unwrap_or_else(|| widest(default_dtype(va), default_dtype(vb)));
             let x = ops::full(&[], va, dtype, crate::Device::Cpu)?;
-            (x, Arg::Value(vb, None))
+            (x, Arg::Value(vb, db))
         }
-        _ => return Err(Error::invalid("add takes arrays and Python scalars").into()),
+        _ => return Err(Error::invalid("add takes arrays and scalars").into()),
     })
 }
 
@@ -324,6 +349,33 @@ pub fn add_operands(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<Py<P
         }
     }
     add(py, a, b, None, None)
+}
+
+/// An operand that cubridge can read ([`super::import::readable`]). Extracting anything else
+/// fails, and pyo3 answers an in-place operator whose operand fails to extract with
+/// NotImplemented, so Python tries `+` and the other side, as for `+` itself.
+pub struct Readable<'py>(pub Bound<'py, PyAny>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Readable<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if super::import::readable(&obj)? {
+            return Ok(Readable(obj.to_owned()));
+        }
+        Err(Error::wrong_type(format!(
+            "cubridge cannot read a {}",
+            super::import::type_name(&obj)
+        ))
+        .into())
+    }
+}
+
+/// `x += y` for a cubridge array `x`: `add(x, y, out=x)`, which writes the memory `x` views in
+/// place (as numpy, torch and CuPy do), so the result's dtype must be `x`'s and `x` writable.
+pub fn add_in_place(x: &Bound<'_, PyAny>, y: &Readable<'_>) -> PyResult<()> {
+    add(x.py(), x, &y.0, Some(x), None)?;
+    Ok(())
 }
 
 /// Whether a CUDA driver with at least one device is present.

@@ -7,7 +7,7 @@ use crate::device::{Device, DeviceSpec};
 use crate::dtype::DType;
 use crate::error::Error;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyString, PyType};
 
 /// An n-dimensional array whose memory cubridge owns, or a zero-copy view of another library's
 /// array that keeps that array alive.
@@ -56,15 +56,21 @@ impl PyDType {
         format!("cubridge.{}", self.0.name())
     }
 
+    /// Equal to the same dtype named any way: a `cubridge.dtype`, its canonical name, or numpy's
+    /// dtype or scalar type of it (`numpy.dtype("float32")`, `numpy.float32`, `numpy.single`).
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         if let Ok(d) = other.cast::<PyDType>() {
             return d.get().0 == self.0;
         }
-        other.extract::<&str>().is_ok_and(|s| s == self.0.name())
+        if let Ok(s) = other.extract::<&str>() {
+            return s == self.0.name();
+        }
+        numpy_dtype(other).is_some_and(|d| d.is_ok_and(|d| d == self.0))
     }
 
     fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
-        // Equal to the name, so hash like the name.
+        // Equal to the name, so hash like the name (numpy's types hash by identity, and
+        // numpy's own dtypes unlike their names: no hash agrees with all of them).
         PyString::new(py, self.0.name()).hash()
     }
 }
@@ -124,14 +130,18 @@ impl PyDevice {
     }
 }
 
-/// Reads a dtype argument: a `cubridge.dtype`, a canonical name, or another library's dtype
-/// object whose name is canonical (numpy's `dtype('float32')` or `np.float32`, `torch.float32`).
+/// Reads a dtype argument: a `cubridge.dtype`, a canonical name, numpy's dtype or scalar type
+/// of any spelling (`dtype('float32')`, `np.float32`, `np.longlong`, `np.intc`, `np.double`),
+/// or another library's dtype object whose name is canonical (`torch.float32`).
 pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     if let Ok(d) = obj.cast::<PyDType>() {
         return Ok(d.get().0);
     }
     if let Ok(s) = obj.extract::<String>() {
         return Ok(DType::from_name(&s)?);
+    }
+    if let Some(d) = numpy_dtype(obj) {
+        return d;
     }
     for attr in ["name", "__name__"] {
         if let Ok(name) = obj.getattr(attr).and_then(|n| n.extract::<String>()) {
@@ -145,6 +155,59 @@ pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
         return Ok(d);
     }
     Err(Error::UnsupportedDType(obj.repr()?.to_string()).into())
+}
+
+/// numpy's `dtype` and `generic` types, once numpy is loaded (without numpy there are no
+/// numpy dtypes).
+fn numpy_types(py: Python<'_>) -> Option<&(Py<PyType>, Py<PyType>)> {
+    static TYPES: pyo3::sync::PyOnceLock<(Py<PyType>, Py<PyType>)> = pyo3::sync::PyOnceLock::new();
+    if let Some(t) = TYPES.get(py) {
+        return Some(t);
+    }
+    let modules = py.import("sys").and_then(|s| s.getattr("modules")).ok()?;
+    let numpy = modules.get_item("numpy").ok()?;
+    let get = |name: &str| -> Option<Py<PyType>> {
+        Some(
+            numpy
+                .getattr(name)
+                .ok()?
+                .cast_into::<PyType>()
+                .ok()?
+                .unbind(),
+        )
+    };
+    let types = (get("dtype")?, get("generic")?);
+    Some(TYPES.get_or_init(py, || types))
+}
+
+/// The dtype of a numpy dtype or numpy scalar type, read from numpy's typestr of it (which
+/// names the size, whatever the alias: `np.longlong` and `np.int_` are `<i8`); ml_dtypes'
+/// bfloat16 by its name. `None` where `obj` is neither; an error for numpy's dtypes that
+/// cubridge has not (big-endian, structured, datetime, ...).
+fn numpy_dtype(obj: &Bound<'_, PyAny>) -> Option<PyResult<DType>> {
+    let py = obj.py();
+    let (dtype_type, generic) = numpy_types(py)?;
+    let is_dtype = obj.is_instance(dtype_type.bind(py)).ok()?;
+    let is_scalar_type = obj
+        .cast::<PyType>()
+        .is_ok_and(|t| t.is_subclass(generic.bind(py)).unwrap_or(false));
+    if !(is_dtype || is_scalar_type) {
+        return None;
+    }
+    let read = || -> PyResult<DType> {
+        let dtype = dtype_type.bind(py).call1((obj,))?;
+        let typestr = dtype.getattr(pyo3::intern!(py, "str"))?;
+        if let Ok(d) = DType::from_typestr(typestr.extract::<&str>()?) {
+            return Ok(d);
+        }
+        let name = dtype.getattr(pyo3::intern!(py, "name"))?;
+        let itemsize = dtype.getattr(pyo3::intern!(py, "itemsize"))?;
+        if name.extract::<&str>()? == "bfloat16" && itemsize.extract::<usize>()? == 2 {
+            return Ok(DType::BFloat16);
+        }
+        Err(Error::UnsupportedDType(dtype.repr()?.to_string()).into())
+    };
+    Some(read())
 }
 
 /// Reads a device argument (None means cpu): a `cubridge.Device` or a name.

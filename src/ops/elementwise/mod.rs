@@ -212,6 +212,11 @@ impl ElementwiseKernel {
             given[k] = dtype;
             if let Arg::Value(v, d) = arg {
                 scalars[k] = Some(d.unwrap_or(v.default_dtype()));
+                if let spec::Rule::Promote(_) = spec.rule {
+                    // A typed scalar (a numpy scalar) is a strong type in a built-in's
+                    // promotion, as in numpy's (NEP 50): it keeps its dtype.
+                    given[k] = *d;
+                }
             }
         }
         for (j, out) in outputs.iter().enumerate() {

@@ -35,9 +35,10 @@ pub enum Rule {
     /// Users' kernels (CuPy's rule): arrays bind type names and must have their parameter's
     /// dtype exactly; a type name that only Python scalars meet takes their default dtype.
     Exact,
-    /// Array API promotion, as the built-in op it names binds (`add`): each input array binds
-    /// its own type name; every other parameter (an output, a Python scalar) has the promotion
-    /// of the input arrays' dtypes. An output passed must have it (checked with its shape).
+    /// Array API promotion, as the built-in op it names binds (`add`): each input array (or
+    /// typed scalar, such as `numpy.float64(2)`) binds its own type name; every other parameter
+    /// (an output, a Python scalar) has the promotion of the inputs' dtypes. An output passed
+    /// must have it (checked with its shape).
     Promote(&'static str),
 }
 

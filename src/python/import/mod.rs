@@ -176,7 +176,9 @@ fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
 /// read-only numpy array under the legacy ABI; ValueError, a descriptor cubridge rejects, such as
 /// CuPy's negative strides, which it mangles in DLPack) may describe the same memory correctly
 /// through the CUDA array interface or the buffer protocol. Those are tried; if neither serves,
-/// the DLPack error stands, unless the array's dtype is what cubridge cannot read (numpy's
+/// the DLPack error stands (a producer's BufferError reaches the caller, as the DLPack standard
+/// asks: torch's for a quantized tensor), unless the array is numpy's, whose dtype cubridge
+/// reads itself, or a malformed descriptor's, and its dtype is one cubridge cannot read (numpy's
 /// big-endian, structured, object, string and datetime arrays): that is a TypeError, as for any
 /// unsupported dtype.
 fn after_refused_dlpack(
@@ -195,7 +197,9 @@ fn after_refused_dlpack(
         }
         _ => {}
     }
-    Err(unsupported_dtype(obj)
+    let producers = refusal.is_instance_of::<PyBufferError>(obj.py()) && !is_numpy_ndarray(obj);
+    let unsupported = || (!producers).then(|| unsupported_dtype(obj)).flatten();
+    Err(unsupported()
         .or_else(|| not_a_capsule(obj))
         .unwrap_or(refusal))
 }

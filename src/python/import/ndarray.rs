@@ -2,7 +2,8 @@
 //! (`PyArray_DATA`, `PyArray_NDIM`, `PyArray_DIMS`, `PyArray_STRIDES`, `PyArray_DESCR`,
 //! `PyArray_FLAGS`): no buffer-protocol request, no format string to parse, no `Py_buffer` to
 //! hold and release; and numpy's scalars, read as `PyArrayScalar_VAL` reads them. The fields
-//! read here have the same place in numpy 1.x and 2.x.
+//! read here have the same place in numpy 1.x and 2.x. Arrays of ml_dtypes' bfloat16 (a dtype
+//! numpy lacks) are read here too: neither DLPack nor the buffer protocol carries them.
 
 use crate::array::Array;
 use crate::cpu::copy::read_scalar;
@@ -46,6 +47,8 @@ const MAX_DIMS: usize = 8;
 const WRITEABLE: c_int = 0x0400;
 /// `NPY_HALF`, the last of numpy's built-in type numbers that cubridge reads.
 const LAST_BUILTIN: c_int = 23;
+/// `NPY_USERDEF`, the first type number of dtypes registered by other packages (ml_dtypes').
+const USERDEF: c_int = 256;
 
 /// The dtype of a built-in numpy type character (`dtype.char`), native byte order.
 fn dtype_of(type_char: u8) -> Option<DType> {
@@ -87,10 +90,14 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
         let fields = &*obj.as_ptr().cast::<ArrayFields>();
         (fields, &*fields.descr)
     };
-    if descr.type_num > LAST_BUILTIN || descr.byteorder as u8 == b'>' {
+    if descr.byteorder as u8 == b'>' {
         return None;
     }
-    let dtype = dtype_of(descr.type_char as u8)?;
+    let dtype = match descr.type_num {
+        n if n <= LAST_BUILTIN => dtype_of(descr.type_char as u8)?,
+        n if n >= USERDEF && is_bfloat16(obj.py(), descr.typeobj) => DType::BFloat16,
+        _ => return None,
+    };
     let ndim = usize::try_from(fields.nd).ok().filter(|&n| n <= MAX_DIMS)?;
     let (mut shape, mut strides) = ([0i64; MAX_DIMS], [0i64; MAX_DIMS]);
     let itemsize = dtype.itemsize() as isize;
@@ -117,6 +124,44 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
     // SAFETY: numpy keeps an array's memory valid while the array lives (and refuses to resize
     // one that others reference); the view holds a strong reference to it.
     Some(unsafe { checked.into_array(Box::new(Holder::new(obj))) })
+}
+
+/// The value and dtype of `obj` if it is a 0-d `numpy.ndarray` of a dtype read here (numpy
+/// takes one as a scalar beside arrays); `None` for anything else, without importing it.
+pub fn zero_d_value(obj: &Bound<'_, PyAny>) -> Option<(Scalar, DType)> {
+    if !super::is_numpy_ndarray(obj) {
+        return None;
+    }
+    // SAFETY: `obj` is exactly a numpy.ndarray, whose object starts with `ArrayFields`.
+    let nd = unsafe { (*obj.as_ptr().cast::<ArrayFields>()).nd };
+    if nd != 0 {
+        return None;
+    }
+    let array = import(obj)?;
+    // SAFETY: a 0-d array holds one element of its dtype at its data pointer, valid while
+    // `array` (which holds `obj`) lives.
+    let value = unsafe { read_scalar(array.dtype(), array.data_ptr(), 0) };
+    Some((value, array.dtype()))
+}
+
+/// Whether `typeobj` (a dtype's scalar type) is ml_dtypes' `bfloat16`: numpy has no bfloat16,
+/// and its arrays of ml_dtypes' (which `numpy.asarray` of a cubridge bfloat16 array makes)
+/// export neither DLPack nor a buffer. ml_dtypes' bfloat16 is 2 bytes, native byte order.
+fn is_bfloat16(py: Python<'_>, typeobj: *mut ffi::PyObject) -> bool {
+    static BFLOAT16: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    if let Some(t) = BFLOAT16.get(py) {
+        return t.as_ptr() == typeobj;
+    }
+    // A dtype of ml_dtypes means ml_dtypes is loaded; it is not imported here.
+    let found = py
+        .import("sys")
+        .and_then(|sys| sys.getattr("modules"))
+        .and_then(|modules| modules.get_item("ml_dtypes"))
+        .and_then(|m| m.getattr("bfloat16"));
+    match found {
+        Ok(t) => BFLOAT16.get_or_init(py, || t.unbind()).as_ptr() == typeobj,
+        Err(_) => false,
+    }
 }
 
 /// numpy's own scalar types (`numpy.float32`, ...) met so far, with their dtypes.
