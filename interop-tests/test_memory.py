@@ -443,25 +443,25 @@ def test_a_captured_result_lives_as_long_as_its_graph(framework):
         g, z, s = _capture_cupy(lambda s: k(x, y, stream=s))
         want = torch.from_dlpack(x + y)
 
-    def replay():
-        g.replay() if s is None else g.launch(s)
+    def replay(graph):
+        graph.replay() if s is None else graph.launch(s)
         torch.cuda.synchronize()
         if s is not None:
             s.synchronize()
 
-    replay()
+    replay(g)
     torch.testing.assert_close(torch.from_dlpack(z).clone(), want)
     del z
     gc.collect()
     torch.cuda.synchronize()
     others = [cb.full((n,), -3.0, dtype="float32", device="cuda") for _ in range(8)]
     for _ in range(3):
-        replay()
+        replay(g)
     for o in others:
         assert bool((torch.from_dlpack(o) == -3.0).all()), "a replay wrote memory it gave back"
-    del others, replay
-    g = None
+    del others, g
     gc.collect()
+    settle()
     # The driver hands the graph's memory back from a thread of its own, then cubridge's
     # background threads free it after waiting for the device.
     deadline = time.monotonic() + 5
