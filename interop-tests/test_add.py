@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 from conftest import (
     ALL_DTYPES,
+    INT_NEAR_TIES,
+    NEAR_TIES,
     NUMPY_DTYPES,
+    float_values,
     jnp,
     needs_jax,
     needs_torch,
+    rounded,
     sample,
     torch,
     torch_sample,
@@ -254,6 +258,21 @@ def test_python_scalars_take_the_array_dtype():
     check(cb.add(f, 0.5), f + np.float32(0.5))
     with pytest.raises(TypeError):
         cb.add(a, 0.5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_python_scalars_round_once_into_half_precision(dtype):
+    """A Python float or int added to a float16 or bfloat16 array went through float32 (or lost
+    its low bits) before its one rounding into the array's dtype: zeros(1, float16) + (1 +
+    2**-11 + 2**-40) was 1.0, where numpy's is 1.001."""
+    zero = cb.zeros((1,), dtype=dtype)
+    for v in NEAR_TIES[dtype] + INT_NEAR_TIES[dtype]:
+        want = rounded(v, dtype)
+        if dtype == "float16":
+            with np.errstate(over="ignore"):
+                assert np.float16(v) == want  # numpy rounds these once too
+        for got in (cb.add(zero, v), cb.add(v, zero), cb.full((1,), v, dtype=dtype)):
+            np.testing.assert_array_equal(float_values(got), [want], err_msg=repr(v))
 
 
 def test_operator_plus():

@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 from conftest import (
     ALL_DTYPES,
+    INT_NEAR_TIES,
+    NEAR_TIES,
     NUMPY_DTYPES,
+    float_values,
     jnp,
     needs_jax,
     needs_torch,
+    rounded,
     sample,
     torch,
     torch_sample,
@@ -294,3 +298,20 @@ def test_from_dlpack_device_argument():
     assert a.data_ptr == ref.ctypes.data
     with pytest.raises(ValueError, match="unknown device"):
         cb.from_dlpack(ref, device="tpu")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_conversions_into_half_precision_round_once(dtype):
+    """float64 values, Python floats and large integers went into float16 and bfloat16 through
+    float32 or with their low bits dropped, rounding twice: asarray([1 + 2**-11 + 2**-40],
+    dtype="float16") was 1.0 (numpy: 1.001), and 65520 - 2**-20 became inf (numpy: 65504)."""
+    for values, source in ((NEAR_TIES[dtype], "float64"), (INT_NEAR_TIES[dtype], "int64")):
+        want = [rounded(v, dtype) for v in values]
+        if dtype == "float16":  # numpy rounds these once too
+            with np.errstate(over="ignore"):
+                np.testing.assert_array_equal(np.asarray(values, dtype=np.float16), want)
+        from_list = cb.asarray(values, dtype=dtype)
+        from_array = cb.asarray(np.asarray(values, dtype=source), dtype=dtype)
+        for got in (from_list, from_array):
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(float_values(got), want, err_msg=str(values))

@@ -1,6 +1,7 @@
 //! Rust element types behind each dtype, the exact widening conversions that promotion needs, and
 //! a dynamically typed [`Scalar`] for creation and casting.
 
+use super::round;
 use crate::dtype::DType;
 use half::{bf16, f16};
 
@@ -99,6 +100,16 @@ impl Scalar {
         }
     }
 
+    /// The value as `(negative, m, e)`, exactly `±m · 2^e`, for a conversion that rounds once
+    /// (the real part of a complex value); `None` for NaN and the infinities.
+    fn parts(self) -> Option<(bool, u128, i32)> {
+        match self {
+            Scalar::Bool(b) => Some((false, u128::from(b), 0)),
+            Scalar::Int(i) => Some((i < 0, i.unsigned_abs(), 0)),
+            Scalar::Float(f) | Scalar::Complex(f, _) => round::parts_of_f64(f),
+        }
+    }
+
     fn as_bool(self) -> bool {
         match self {
             Scalar::Bool(b) => b,
@@ -150,9 +161,22 @@ macro_rules! float_element {
         }
     )*};
 }
+/// `value` rounded once into float16 or bfloat16 (`format`); NaN and the infinities as `half`
+/// converts them.
+fn half_bits(value: Scalar, format: round::Format, special: fn(f64) -> u16) -> u16 {
+    match value.parts() {
+        Some((negative, m, e)) => round::round(negative, m, e, format),
+        None => special(value.as_f64()),
+    }
+}
+
 float_element!(
-    f16 => Float16, |v: Scalar| f16::from_f64(v.as_f64()), f16::to_f64;
-    bf16 => BFloat16, |v: Scalar| bf16::from_f64(v.as_f64()), bf16::to_f64;
+    f16 => Float16,
+        |v: Scalar| f16::from_bits(half_bits(v, round::FLOAT16, |x| f16::from_f64(x).to_bits())),
+        f16::to_f64;
+    bf16 => BFloat16,
+        |v: Scalar| bf16::from_bits(half_bits(v, round::BFLOAT16, |x| bf16::from_f64(x).to_bits())),
+        bf16::to_f64;
     f32 => Float32, |v: Scalar| v.as_f32(), |v: f32| v as f64;
     f64 => Float64, |v: Scalar| v.as_f64(), |v: f64| v
 );
