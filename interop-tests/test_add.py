@@ -275,6 +275,27 @@ def test_python_scalars_round_once_into_half_precision(dtype):
             np.testing.assert_array_equal(float_values(got), [want], err_msg=repr(v))
 
 
+def test_python_integers_past_128_bits_meet_floating_arrays():
+    """add(float64 array, 10**40) refused the integer, which numpy converts to the nearest
+    float; into an integer array numpy and cubridge refuse it."""
+    a = sample((3,), "float64")
+    for v in (10**40, -(3**300), 2**127 + 1):
+        check(cb.add(a, v), a + v)
+        check(cb.add(v, a), v + a)
+    c = sample((2,), "complex128")
+    check(cb.add(c, 10**40), c + 10**40)
+    f = cb.zeros((1,), dtype="float32")
+    v = 2**127 + 2**103 + 1  # past a float32 tie by less than float64 can tell
+    np.testing.assert_array_equal(cb.add(f, v).to_numpy(), [rounded(v, "float32")])
+    for dtype in ("int64", "uint64"):
+        with pytest.raises(OverflowError):
+            np.add(np.zeros(2, dtype=dtype), 10**40)
+        with pytest.raises(OverflowError):
+            cb.add(cb.zeros((2,), dtype=dtype), 10**40)
+    with pytest.raises(OverflowError):
+        cb.add(a, 2**1024)
+
+
 def test_operator_plus():
     a = cb.asarray(np.arange(4, dtype=np.int32))
     check(a + a, np.arange(4, dtype=np.int32) * 2)

@@ -315,3 +315,35 @@ def test_conversions_into_half_precision_round_once(dtype):
         for got in (from_list, from_array):
             assert got.dtype == dtype
             np.testing.assert_array_equal(float_values(got), want, err_msg=str(values))
+
+
+# Integers past 128 bits (and just past i128), with bits far below the leading ones that decide
+# a rounding into float32 or bfloat16.
+WIDE_INTS = [10**40, -(10**40), 2**127, 2**127 + 2**103 + 1, -(2**127 + 2**119 + 1),
+             2**128 - 2**103, 3**600, 2**1024 - 2**971]  # fmt: skip
+
+
+def test_integers_past_128_bits_convert_to_floating_dtypes():
+    """asarray([10**40], dtype="float64") and add(float64 array, 10**40) refused integers
+    wider than 128 bits, which numpy converts to the nearest float."""
+    for dtype in ("float64", "float32", "float16", "bfloat16"):
+        want = [rounded(v, dtype) for v in WIDE_INTS]
+        with np.errstate(over="ignore"):
+            if dtype == "float64":
+                assert want == [float(v) for v in WIDE_INTS]
+                np.testing.assert_array_equal(np.asarray(WIDE_INTS, dtype=np.float64), want)
+        np.testing.assert_array_equal(float_values(cb.asarray(WIDE_INTS, dtype=dtype)), want)
+    got = cb.asarray(WIDE_INTS, dtype="complex128").to_numpy()
+    np.testing.assert_array_equal(got, np.asarray(WIDE_INTS, dtype=np.complex128))
+    np.testing.assert_array_equal(cb.asarray([10**40], dtype="bool").to_numpy(), [True])
+    # Past float64's range numpy refuses, and so does cubridge; integer dtypes refuse them all.
+    for dtype in ("float64", "float32", "complex128"):
+        with pytest.raises(OverflowError):
+            np.asarray([2**1024 - 2**970], dtype=dtype)
+        with pytest.raises(OverflowError):
+            cb.asarray([2**1024 - 2**970], dtype=dtype)
+    for dtype in ("int64", "uint64", "int8"):
+        with pytest.raises(OverflowError):
+            cb.asarray([10**40], dtype=dtype)
+    with pytest.raises(OverflowError):
+        cb.asarray([10**40])  # no dtype holds it (numpy makes an object array)

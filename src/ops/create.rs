@@ -88,6 +88,7 @@ fn float_range(bounds: [Scalar; 3], dtype: DType, device: Device) -> Result<Arra
         Scalar::Bool(b) => Ok(f64::from(u8::from(b))),
         Scalar::Int(i) => Ok(i as f64),
         Scalar::Float(f) => Ok(f),
+        Scalar::Wide(w) => Ok(w.to_f64()),
         Scalar::Complex(..) => Err(Error::DTypeMismatch {
             op: "arange",
             left: dtype.name().into(),
@@ -149,6 +150,7 @@ fn length(count: f64, what: impl Fn() -> String) -> Result<usize> {
 pub fn cast_value(value: Scalar, dtype: DType) -> Result<Scalar> {
     let value = match (value, dtype.kind()) {
         (Scalar::Int(v), Kind::Bool) => Scalar::Bool(v != 0),
+        (Scalar::Wide(_), Kind::Bool) => Scalar::Bool(true),
         (Scalar::Float(v), Kind::Bool) => Scalar::Bool(v != 0.0),
         (Scalar::Float(v), Kind::Int | Kind::UInt) => {
             if !v.is_finite() {
@@ -172,20 +174,33 @@ pub fn cast_value(value: Scalar, dtype: DType) -> Result<Scalar> {
 
 /// Refuses values that `dtype` cannot hold meaningfully, as the Array API does for Python
 /// scalars: a bool takes any dtype, an int any but bool, a float a floating or complex one, a
-/// complex a complex one; and, as numpy 2 does, an int outside an integer dtype's range
-/// ([`Error::Overflow`]) rather than wrapping it. `op` names the operation in the error.
+/// complex a complex one; and, as numpy 2 does, an int outside an integer dtype's range, or one
+/// past float64's range ([`Error::Overflow`]), rather than wrapping it or making it infinite.
+/// `op` names the operation in the error.
 pub fn check_value_kind(value: Scalar, dtype: DType, op: &'static str) -> Result<()> {
-    if let (Scalar::Int(v), Some((lo, hi))) = (value, int_range(dtype)) {
-        if v < lo || v > hi {
+    match (value, int_range(dtype)) {
+        (Scalar::Int(v), Some((lo, hi))) if v < lo || v > hi => {
             return Err(Error::Overflow(format!(
                 "Python integer {v} out of bounds for {dtype}"
             )));
         }
+        (Scalar::Wide(w), Some(_)) => {
+            return Err(Error::Overflow(format!(
+                "Python integer of {} bits out of bounds for {dtype}",
+                64 + u64::from(w.shift)
+            )));
+        }
+        (Scalar::Wide(w), None) if w.to_f64().is_infinite() => {
+            return Err(Error::Overflow(
+                "Python integer too large to convert to float".into(),
+            ));
+        }
+        _ => {}
     }
     let fits = match (value, dtype.kind()) {
         (Scalar::Bool(_), _) => true,
-        (Scalar::Int(_), Kind::Bool) => false,
-        (Scalar::Int(_), _) => true,
+        (Scalar::Int(_) | Scalar::Wide(_), Kind::Bool) => false,
+        (Scalar::Int(_) | Scalar::Wide(_), _) => true,
         (Scalar::Float(_), Kind::Float | Kind::Complex) => true,
         (Scalar::Complex(..), Kind::Complex) => true,
         _ => false,
@@ -271,6 +286,29 @@ mod tests {
             Err(Error::Invalid(_))
         ));
         assert!(cast_value(Complex(1.0, 2.0), DType::Float64).is_err());
+        // Integers past i128 go into floating dtypes (past float64's range they overflow), true
+        // into bool, and no integer dtype holds them.
+        let wide = |shift| {
+            Wide(crate::cpu::element::WideInt {
+                negative: false,
+                top: 1 << 63,
+                shift,
+            })
+        };
+        assert_eq!(cast_value(wide(64), DType::Float32), Ok(wide(64)));
+        assert!(cast_value(wide(960), DType::Float64).is_ok()); // 2^1023
+        assert_eq!(cast_value(wide(64), DType::Bool), Ok(Bool(true)));
+        for dtype in [DType::UInt64, DType::Int8] {
+            assert!(matches!(
+                cast_value(wide(64), dtype),
+                Err(Error::Overflow(_))
+            ));
+        }
+        assert!(matches!(
+            cast_value(wide(961), DType::Float64),
+            Err(Error::Overflow(_))
+        ));
+        assert!(check_value_kind(wide(64), DType::Bool, "add").is_err());
     }
 
     #[test]

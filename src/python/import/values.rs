@@ -4,7 +4,7 @@
 use super::numpy_scalar_dtype;
 use crate::array::Array;
 use crate::cpu::copy::fill;
-use crate::cpu::element::Scalar;
+use crate::cpu::element::{Scalar, WideInt};
 use crate::device::Device;
 use crate::dtype::{DType, Kind};
 use crate::error::Error;
@@ -19,18 +19,12 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
         return Ok(Some(Scalar::Bool(obj.extract()?)));
     }
     if obj.is_instance_of::<PyInt>() {
-        // Any int that a dtype may hold (floating dtypes take large ones); the dtype it meets
-        // checks its range (ops::create::check_value_kind).
-        let v: i128 = obj.extract().map_err(|_| {
-            let bits = obj
-                .call_method0("bit_length")
-                .and_then(|b| b.extract::<u64>())
-                .unwrap_or(0);
-            Error::Overflow(format!(
-                "Python integer of {bits} bits is too large for any cubridge dtype"
-            ))
-        })?;
-        return Ok(Some(Scalar::Int(v)));
+        // Any int: floating dtypes take large ones; the dtype it meets checks its range
+        // (ops::create::check_value_kind).
+        return Ok(Some(match obj.extract::<i128>() {
+            Ok(v) => Scalar::Int(v),
+            Err(_) => Scalar::Wide(wide_int(obj)?),
+        }));
     }
     // Exact types: numpy's float64 and complex128 scalars subclass float and complex, but they
     // carry their own dtype and come in through the buffer protocol instead.
@@ -41,6 +35,23 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
         return Ok(Some(Scalar::Complex(c.real(), c.imag())));
     }
     Ok(None)
+}
+
+/// A Python int beyond `i128` as its leading 64 bits (the lowest one sticky) and their shift.
+fn wide_int(obj: &Bound<'_, PyAny>) -> PyResult<WideInt> {
+    let magnitude = obj.call_method0(pyo3::intern!(obj.py(), "__abs__"))?;
+    let bits: u64 = magnitude
+        .call_method0(pyo3::intern!(obj.py(), "bit_length"))?
+        .extract()?;
+    // Past 2^32 bits the value is infinite in every floating dtype anyway.
+    let shift = u32::try_from(bits - 64).unwrap_or(u32::MAX);
+    let top = magnitude.rshift(shift)?;
+    let below = !top.lshift(shift)?.eq(&magnitude)?;
+    Ok(WideInt {
+        negative: obj.lt(0)?,
+        top: top.extract::<u64>()? | u64::from(below),
+        shift,
+    })
 }
 
 /// The dtype a Python scalar takes by default (the Array API's defaults, float32 for floats).
@@ -110,16 +121,10 @@ pub fn from_sequence(
 /// numpy scalar keeps its dtype, Python values count as numpy's defaults (int64, float64,
 /// complex128), and all meet in [`DType::result_type`] (`[numpy.float64(0.1)]` stays float64).
 pub fn infer_dtype(values: &[Item]) -> Result<DType, Error> {
-    let python = |v: Scalar| match v {
-        Scalar::Int(i) if i > i128::from(i64::MAX) => DType::UInt64,
-        Scalar::Float(_) => DType::Float64,
-        Scalar::Complex(..) => DType::Complex128,
-        other => other.default_dtype(),
-    };
     if values.iter().any(|(_, d)| d.is_some()) {
         let dtype = values
             .iter()
-            .map(|&(v, d)| d.unwrap_or_else(|| python(v)))
+            .map(|&(v, d)| d.unwrap_or_else(|| numpy_default(v)))
             .reduce(DType::result_type);
         return Ok(dtype.unwrap_or(DType::Float64));
     }
@@ -131,6 +136,7 @@ pub fn infer_dtype(values: &[Item]) -> Result<DType, Error> {
     let ints = || {
         values.iter().filter_map(|v| match v.0 {
             Scalar::Int(i) => Some(i),
+            Scalar::Wide(w) => Some(if w.negative { i128::MIN } else { i128::MAX }),
             _ => None,
         })
     };
@@ -145,6 +151,18 @@ pub fn infer_dtype(values: &[Item]) -> Result<DType, Error> {
          negative); give a dtype"
             .into(),
     ))
+}
+
+/// The dtype numpy gives a Python value among numpy values: int64 (uint64 past it), float64,
+/// complex128, bool.
+pub fn numpy_default(value: Scalar) -> DType {
+    match value {
+        Scalar::Int(i) if i > i128::from(i64::MAX) => DType::UInt64,
+        Scalar::Wide(w) if !w.negative => DType::UInt64,
+        Scalar::Float(_) => DType::Float64,
+        Scalar::Complex(..) => DType::Complex128,
+        other => other.default_dtype(),
+    }
 }
 
 /// A numpy scalar (`np.float32(2)`, not a 0-d array) as its value and dtype, read through its
