@@ -1,5 +1,5 @@
-//! Creation functions that need values: `full` and `arange` (`empty` and `zeros` are
-//! [`Array`] constructors).
+//! `full`, and the conversion of Python values into elements of a dtype, shared by creation
+//! and kernels (`empty` and `zeros` are [`Array`] constructors; `arange` has its own file).
 
 use crate::array::Array;
 use crate::cpu::copy::fill;
@@ -34,111 +34,6 @@ pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: Device) -> Res
     // SAFETY: `out` is a fresh contiguous host-accessible allocation of `numel` elements.
     unsafe { fill(dtype, out.data_ptr(), out.numel(), value) };
     Ok(out)
-}
-
-/// `[start, start + step, ...)` up to but excluding `stop`, as a 1-d array of `dtype`. Integer
-/// bounds and step (Python's or numpy's ints) count and fill exactly, in 128-bit integers, into
-/// any dtype (values an integer dtype cannot hold raise [`Error::Overflow`]); any float among
-/// them makes the range a float64 one, rounded into `dtype` as numpy does.
-pub fn arange(
-    start: Scalar,
-    stop: Scalar,
-    step: Scalar,
-    dtype: DType,
-    device: Device,
-) -> Result<Array> {
-    if !device.is_host_accessible() {
-        let host = arange(start, stop, step, dtype, Device::Cpu)?;
-        return super::copy(&host, dtype, device);
-    }
-    let int = |v: Scalar| match v {
-        Scalar::Int(i) => Some(i),
-        Scalar::Bool(b) => Some(i128::from(b)),
-        _ => None,
-    };
-    match (int(start), int(stop), int(step)) {
-        (Some(a), Some(b), Some(s)) => integer_range(a, b, s, dtype, device),
-        _ => float_range([start, stop, step], dtype, device),
-    }
-}
-
-/// An integer range, counted and filled exactly.
-fn integer_range(a: i128, b: i128, s: i128, dtype: DType, device: Device) -> Result<Array> {
-    if s == 0 {
-        return Err(Error::invalid("arange needs a non-zero step"));
-    }
-    // ceil((b - a) / s), exactly.
-    let (span, s_abs) = if s > 0 { (b - a, s) } else { (a - b, -s) };
-    let count = if span <= 0 {
-        0
-    } else {
-        (span + s_abs - 1) / s_abs
-    };
-    let n = length(count as f64, || format!("arange({a}, {b}, {s})"))?;
-    if n > 0 {
-        check_value_kind(Scalar::Int(a), dtype, "arange")?;
-        check_value_kind(Scalar::Int(a + (n as i128 - 1) * s), dtype, "arange")?;
-    }
-    filled(n, dtype, device, |i| Scalar::Int(a + i as i128 * s))
-}
-
-/// A range with a float among its bounds and step (`[start, stop, step]`), in float64.
-fn float_range(bounds: [Scalar; 3], dtype: DType, device: Device) -> Result<Array> {
-    let real = |v: Scalar| match v {
-        Scalar::Bool(b) => Ok(f64::from(u8::from(b))),
-        Scalar::Int(i) => Ok(i as f64),
-        Scalar::Float(f) => Ok(f),
-        Scalar::Wide(w) => Ok(w.to_f64()),
-        Scalar::Complex(..) => Err(Error::DTypeMismatch {
-            op: "arange",
-            left: dtype.name().into(),
-            right: "a complex bound".into(),
-        }),
-    };
-    let [a, b, s] = [real(bounds[0])?, real(bounds[1])?, real(bounds[2])?];
-    if s == 0.0 || !s.is_finite() || !a.is_finite() || !b.is_finite() {
-        return Err(Error::invalid(format!(
-            "arange needs finite start, stop and a non-zero step, got {a}, {b}, {s}"
-        )));
-    }
-    // Debug formatting keeps exponents: Display would print 1e-300 as 300 digits.
-    let n = length(((b - a) / s).ceil().max(0.0), || {
-        format!("arange({a:?}, {b:?}, {s:?})")
-    })?;
-    let floating = matches!(dtype.kind(), Kind::Float | Kind::Complex);
-    filled(n, dtype, device, |i| {
-        let v = a + i as f64 * s;
-        if floating {
-            Scalar::Float(v)
-        } else {
-            Scalar::Int(v as i128)
-        }
-    })
-}
-
-/// A new 1-d array of `n` elements of `dtype` on the host `device`, element `i` being
-/// `value(i)`.
-fn filled(
-    n: usize,
-    dtype: DType,
-    device: Device,
-    value: impl Fn(usize) -> Scalar,
-) -> Result<Array> {
-    let out = Array::empty(&[n], dtype, device)?;
-    let size = dtype.itemsize();
-    for i in 0..n {
-        // SAFETY: element i of the fresh contiguous host-accessible allocation of n elements.
-        unsafe { fill(dtype, out.data_ptr().add(i * size), 1, value(i)) };
-    }
-    Ok(out)
-}
-
-/// A range's element count, refused past what an allocation could address.
-fn length(count: f64, what: impl Fn() -> String) -> Result<usize> {
-    if count > (isize::MAX as f64) {
-        return Err(Error::invalid(format!("{} is too long", what())));
-    }
-    Ok(count as usize)
 }
 
 /// A Python value converted for an element of `dtype` the way numpy builds an array from
@@ -230,40 +125,6 @@ fn int_range(dtype: DType) -> Option<(i128, i128)> {
 mod tests {
     use super::*;
     use crate::cpu::copy::read_scalar;
-
-    #[test]
-    fn arange_counts_like_numpy() {
-        let (i, f) = (Scalar::Int, Scalar::Float);
-        let a = arange(i(0), i(5), i(1), DType::Int32, Device::Cpu).unwrap();
-        assert_eq!(a.shape(), &[5]);
-        let a = arange(f(1.0), f(2.0), f(0.3), DType::Float64, Device::Cpu).unwrap();
-        assert_eq!(a.shape(), &[4]);
-        // SAFETY: element 3 of a 4-element float64 array.
-        let last = unsafe { read_scalar(DType::Float64, a.data_ptr(), 3) };
-        assert_eq!(last, Scalar::Float(1.0 + 3.0 * 0.3));
-        let empty = arange(i(5), i(0), i(1), DType::Int8, Device::Cpu).unwrap();
-        assert_eq!(empty.shape(), &[0]);
-        assert!(arange(i(0), i(1), i(0), DType::Int8, Device::Cpu).is_err());
-        assert!(arange(f(0.0), f(1.0), f(0.0), DType::Int8, Device::Cpu).is_err());
-        // Integers count and fill exactly where float64 cannot tell them apart.
-        let big = 1i128 << 53;
-        let a = arange(i(big), i(big + 4), i(1), DType::Int64, Device::Cpu).unwrap();
-        // SAFETY: elements of a 4-element int64 array.
-        let values: Vec<Scalar> = (0..4)
-            .map(|k| unsafe { read_scalar(DType::Int64, a.data_ptr(), k) })
-            .collect();
-        assert_eq!(values, (0..4).map(|k| i(big + k)).collect::<Vec<_>>());
-        let top = i128::from(u64::MAX);
-        let a = arange(i(top), i(top - 6), i(-3), DType::UInt64, Device::Cpu).unwrap();
-        assert_eq!(a.shape(), &[2]);
-        // SAFETY: element 1 of a 2-element uint64 array.
-        let second = unsafe { read_scalar(DType::UInt64, a.data_ptr(), 1) };
-        assert_eq!(second, i(top - 3));
-        assert!(matches!(
-            arange(i(250), i(260), i(1), DType::UInt8, Device::Cpu),
-            Err(Error::Overflow(_))
-        ));
-    }
 
     #[test]
     fn values_cast_as_numpy_builds_arrays() {
