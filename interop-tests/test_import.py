@@ -2,6 +2,7 @@
 objects. Zero copy is checked with pointers, lifetime by deleting the producer first."""
 
 import array
+import collections
 import gc
 
 import cubridge as cb
@@ -347,3 +348,51 @@ def test_integers_past_128_bits_convert_to_floating_dtypes():
             cb.asarray([10**40], dtype=dtype)
     with pytest.raises(OverflowError):
         cb.asarray([10**40])  # no dtype holds it (numpy makes an object array)
+
+
+class _Squares(collections.abc.Sequence):
+    """A sequence that is neither a list nor a tuple."""
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        if not 0 <= i < 3:
+            raise IndexError(i)
+        return i * i
+
+
+def test_asarray_takes_any_sequence_and_arrays_among_its_elements():
+    """range, collections.deque, other sequences, and lists of 0-d arrays (cubridge's,
+    torch's) were refused, where numpy and torch take them."""
+    cases = [
+        range(5),
+        range(3, -7, -2),
+        collections.deque([1, -2]),
+        [range(2), (3, 4)],
+        _Squares(),
+        [_Squares(), [1, 2, 3]],
+        [np.arange(3, dtype=np.int16), [4, 5, 6]],
+        [np.float32(1), np.array(2.5, dtype=np.float32), 3],
+        [cb.asarray(1.5, dtype="float64"), cb.asarray(2, dtype="int8")],
+        [[cb.asarray(np.arange(2, dtype=np.uint8))], [[7, 8]]],
+    ]
+    if torch is not None:
+        cases.append([torch.tensor(1.5), torch.tensor(2, dtype=torch.int16)])
+        cases.append([torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)])
+    for values in cases:
+        want = np.asarray(values)
+        got = cb.asarray(values)
+        assert got.dtype == str(want.dtype), (values, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got.to_numpy(), want, err_msg=repr(values))
+    assert cb.asarray(range(4), dtype="float16").to_numpy().tolist() == [0, 1, 2, 3]
+    floats = cb.asarray(collections.deque([1.5, 2.5]))  # Python floats alone: float32
+    np.testing.assert_array_equal(floats.to_numpy(), np.array([1.5, 2.5], dtype=np.float32))
+    if torch is not None:  # a dtype numpy has not
+        got = cb.asarray([torch.tensor(1.5, dtype=torch.bfloat16), torch.ones(1)[0].bfloat16() * 2])
+        assert got.dtype == "bfloat16"
+        np.testing.assert_array_equal(float_values(got), [1.5, 2.0])
+    # Text is no sequence of numbers; ragged arrays are refused as ragged lists are.
+    for bad, error in (("ab", TypeError), (["ab"], TypeError), ([np.arange(2), [1]], ValueError)):
+        with pytest.raises(error):
+            cb.asarray(bad)

@@ -1,8 +1,8 @@
 //! Module-level functions: creation, import, `add`, and `cubridge.cuda` queries.
 
 use super::import::{
-    default_dtype, finish, from_sequence, import, infer_dtype, numpy_default, python_scalar,
-    typed_numpy_scalar, widest,
+    default_dtype, finish, from_sequence, from_values, import, infer_dtype, is_sequence,
+    numpy_default, python_scalar, typed_numpy_scalar, widest,
 };
 use super::operands::take_arrays;
 use super::stream::Use;
@@ -215,14 +215,24 @@ pub fn asarray(
         .filter(|d| !d.is_none())
         .map(|d| parse_device(Some(d)))
         .transpose()?;
-    if let Some(array) = from_sequence(obj, dtype, device.unwrap_or(crate::Device::Cpu))? {
-        if copy == Some(false) {
-            return Err(Error::invalid("copy=False, but a Python sequence must be copied").into());
-        }
-        return Ok(PyArray::new(array));
+    let target = device.unwrap_or(crate::Device::Cpu);
+    if let Some(array) = from_sequence(obj, dtype, target)? {
+        return copied_values(array, copy);
     }
-    let imported = import(obj, LEGACY, Use::Kept)?;
-    Ok(PyArray::new(finish(py, imported, dtype, device, copy)?))
+    match import(obj, LEGACY, Use::Kept) {
+        Ok(imported) => Ok(PyArray::new(finish(py, imported, dtype, device, copy)?)),
+        // A sequence that no array protocol describes (a range, a deque) is read by value.
+        Err(_) if is_sequence(obj) => copied_values(from_values(obj, dtype, target)?, copy),
+        Err(e) => Err(e),
+    }
+}
+
+/// An array built from Python values, which `copy=False` cannot have.
+fn copied_values(array: Array, copy: Option<bool>) -> PyResult<PyArray> {
+    if copy == Some(false) {
+        return Err(Error::invalid("copy=False, but a Python sequence must be copied").into());
+    }
+    Ok(PyArray::new(array))
 }
 
 /// Largest host add (elements of any operand) that runs without letting the GIL go.

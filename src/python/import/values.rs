@@ -3,14 +3,16 @@
 
 use super::numpy_scalar_dtype;
 use crate::array::Array;
-use crate::cpu::copy::fill;
+use crate::cpu::copy::{fill, read_scalar};
 use crate::cpu::element::{Scalar, WideInt};
 use crate::device::Device;
 use crate::dtype::{DType, Kind};
 use crate::error::Error;
 use crate::ops;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
+use pyo3::types::{
+    PyBool, PyBytes, PyComplex, PyFloat, PyInt, PyList, PySequence, PyString, PyTuple,
+};
 
 /// A Python scalar as a [`Scalar`], or `None` if `obj` is not one.
 pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
@@ -74,13 +76,12 @@ pub fn widest(a: DType, b: DType) -> DType {
     }
 }
 
-/// One element of a nested sequence: its value, and its dtype when it is a numpy scalar (or a
-/// 0-d numpy array).
+/// One element of a nested sequence: its value, and its dtype when it is a numpy scalar or
+/// comes from an array.
 type Item = (Scalar, Option<DType>);
 
-/// Builds a new array from a Python scalar or a nested list/tuple of scalars. Without a
-/// `dtype`, see [`infer_dtype`]; with one, each value is converted as numpy builds an array
-/// ([`crate::ops::create::cast_value`]).
+/// [`from_values`] of a Python scalar or a list or tuple; `None` for any other object (which
+/// may be an array, or a sequence of another type: see [`is_sequence`]).
 pub fn from_sequence(
     obj: &Bound<'_, PyAny>,
     dtype: Option<DType>,
@@ -91,6 +92,17 @@ pub fn from_sequence(
     {
         return Ok(None);
     }
+    from_values(obj, dtype, device).map(Some)
+}
+
+/// Builds a new array from a Python scalar or a nested sequence of scalars and arrays. Without
+/// a `dtype`, see [`infer_dtype`]; with one, each value is converted as numpy builds an array
+/// ([`crate::ops::create::cast_value`]).
+pub fn from_values(
+    obj: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+    device: Device,
+) -> PyResult<Array> {
     let mut shape = Vec::new();
     let mut values = Vec::new();
     flatten(obj, 0, &mut shape, &mut values)?;
@@ -109,9 +121,9 @@ pub fn from_sequence(
         unsafe { fill(dtype, host.data_ptr().add(i * size), 1, v) };
     }
     if device == Device::Cpu {
-        Ok(Some(host))
+        Ok(host)
     } else {
-        Ok(Some(ops::copy(&host, dtype, device)?))
+        Ok(ops::copy(&host, dtype, device)?)
     }
 }
 
@@ -233,6 +245,9 @@ fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Item>> {
     Ok(numpy_value(obj)?.map(|(v, d)| (v, Some(d))))
 }
 
+/// Gathers the values of a nested sequence (`shape` grows as new depths are met), checking
+/// that its lengths and depths are consistent. Its elements may be scalars, sequences, or
+/// arrays of any protocol (whose dimensions continue the sequence's, as numpy reads them).
 fn flatten(
     obj: &Bound<'_, PyAny>,
     depth: usize,
@@ -250,13 +265,55 @@ fn flatten(
         values.push(v);
         return Ok(());
     }
-    if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
+    let listlike = obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>();
+    if !listlike && !is_text(obj) && super::readable(obj)? {
+        return flatten_array(obj, depth, shape, values);
+    }
+    if !listlike && !is_sequence(obj) {
         return Err(Error::wrong_type(format!(
             "cannot put a {} into an array",
             obj.get_type().name()?
         ))
         .into());
     }
+    // What iteration yields is what counts: a sequence's __len__ may disagree with it.
+    let items = obj.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+    enter(depth, items.len(), shape, values)?;
+    for item in &items {
+        flatten(item, depth + 1, shape, values)?;
+    }
+    Ok(())
+}
+
+/// An array among a sequence's elements (a 0-d one is one value): its dimensions continue the
+/// sequence's, and its elements keep their dtype, as numpy scalars do.
+fn flatten_array(
+    obj: &Bound<'_, PyAny>,
+    depth: usize,
+    shape: &mut Vec<usize>,
+    values: &mut Vec<Item>,
+) -> PyResult<()> {
+    let imported = super::import(obj, crate::cuda::stream::LEGACY, super::Use::Immediate)?;
+    let dtype = imported.array.dtype();
+    // A contiguous host copy (the copy runs on the stream the import ordered its producer for).
+    let host = ops::copy(&imported.array, dtype, Device::Cpu)?;
+    for (k, &len) in host.shape().iter().enumerate() {
+        enter(depth + k, len, shape, values)?;
+    }
+    if depth + host.ndim() != shape.len() {
+        return Err(Error::invalid("nested sequences have inconsistent depths").into());
+    }
+    for i in 0..host.numel() {
+        // SAFETY: element i of a contiguous host array of `numel` elements of `dtype`.
+        let v = unsafe { read_scalar(dtype, host.data_ptr(), i as isize) };
+        values.push((v, Some(dtype)));
+    }
+    Ok(())
+}
+
+/// Enters dimension `depth` of length `len`: the first time that depth is met (before any value,
+/// else depths are inconsistent) it joins `shape`; later it must have the same length.
+fn enter(depth: usize, len: usize, shape: &mut Vec<usize>, values: &[Item]) -> PyResult<()> {
     if depth >= crate::layout::MAX_NDIM {
         return Err(Error::invalid(format!(
             "sequence nesting is deeper than the {} dimensions cubridge supports",
@@ -264,9 +321,6 @@ fn flatten(
         ))
         .into());
     }
-    // What iteration yields is what counts: a sequence's __len__ may disagree with it.
-    let items = obj.try_iter()?.collect::<PyResult<Vec<_>>>()?;
-    let len = items.len();
     if depth == shape.len() {
         if !values.is_empty() {
             return Err(Error::invalid("nested sequences have inconsistent depths").into());
@@ -279,8 +333,16 @@ fn flatten(
         ))
         .into());
     }
-    for item in &items {
-        flatten(item, depth + 1, shape, values)?;
-    }
     Ok(())
+}
+
+/// Whether `asarray` reads `obj` as a sequence of values when no array protocol describes it:
+/// any Python sequence (`range`, `collections.deque`, ...) but text.
+pub fn is_sequence(obj: &Bound<'_, PyAny>) -> bool {
+    !is_text(obj) && obj.cast::<PySequence>().is_ok()
+}
+
+/// A str or bytes: a sequence, but of characters, not numbers.
+fn is_text(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>()
 }
