@@ -38,19 +38,20 @@ pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: Device) -> Res
 
 /// A Python value converted for an element of `dtype` the way numpy builds an array from
 /// values (`numpy.asarray([1.5], dtype="int32")` is `[1]`): floats truncate toward zero into
-/// integer dtypes, and any non-zero value is true in bool. As numpy 2 does, an integer that the
-/// dtype cannot hold is an [`Error::Overflow`] rather than wrapping, so is a float beyond an
-/// integer dtype, a NaN or infinity into one is an [`Error::Invalid`], and a complex value into
-/// a real dtype is refused.
+/// integer dtypes, and any non-zero value (a complex one too) is true in bool. As numpy 2 does,
+/// an integer that the dtype cannot hold is an [`Error::Overflow`] rather than wrapping, so are
+/// a float beyond an integer dtype and an infinity into one; a NaN into one is an
+/// [`Error::Invalid`], and a complex value into another real dtype is refused.
 pub fn cast_value(value: Scalar, dtype: DType) -> Result<Scalar> {
     let value = match (value, dtype.kind()) {
         (Scalar::Int(v), Kind::Bool) => Scalar::Bool(v != 0),
         (Scalar::Wide(_), Kind::Bool) => Scalar::Bool(true),
         (Scalar::Float(v), Kind::Bool) => Scalar::Bool(v != 0.0),
+        (Scalar::Complex(re, im), Kind::Bool) => Scalar::Bool(re != 0.0 || im != 0.0),
         (Scalar::Float(v), Kind::Int | Kind::UInt) => {
-            if !v.is_finite() {
+            if v.is_nan() {
                 return Err(Error::invalid(format!(
-                    "cannot convert float {v} to integer ({dtype})"
+                    "cannot convert float NaN to integer ({dtype})"
                 )));
             }
             let t = v.trunc();
@@ -146,6 +147,12 @@ mod tests {
             cast_value(Float(f64::NAN), DType::Int32),
             Err(Error::Invalid(_))
         ));
+        assert!(matches!(
+            cast_value(Float(f64::NEG_INFINITY), DType::Int32),
+            Err(Error::Overflow(_))
+        ));
+        assert_eq!(cast_value(Complex(0.0, -1.0), DType::Bool), Ok(Bool(true)));
+        assert_eq!(cast_value(Complex(0.0, 0.0), DType::Bool), Ok(Bool(false)));
         assert!(cast_value(Complex(1.0, 2.0), DType::Float64).is_err());
         // Integers past i128 go into floating dtypes (past float64's range they overflow), true
         // into bool, and no integer dtype holds them.
