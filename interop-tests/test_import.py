@@ -396,3 +396,21 @@ def test_asarray_takes_any_sequence_and_arrays_among_its_elements():
     for bad, error in (("ab", TypeError), (["ab"], TypeError), ([np.arange(2), [1]], ValueError)):
         with pytest.raises(error):
             cb.asarray(bad)
+
+
+def test_python_values_into_integer_and_bool_dtypes_convert_as_numpy():
+    """An infinite float into an integer dtype raised ValueError where numpy (and Python's
+    int()) raise OverflowError; a complex value into bool was a TypeError where numpy takes
+    its truth."""
+    for dtype in ("int8", "uint64"):
+        for v in (float("inf"), float("-inf")):
+            with pytest.raises(OverflowError):
+                np.asarray([v], dtype=dtype)
+            with pytest.raises(OverflowError):
+                cb.asarray([v], dtype=dtype)
+        with pytest.raises(ValueError):
+            cb.asarray([float("nan")], dtype=dtype)
+    values = [1j, 0j, complex(0.0, -0.0), complex(float("nan"), 0)]
+    np.testing.assert_array_equal(
+        cb.asarray(values, dtype="bool").to_numpy(), np.asarray(values, dtype=bool)
+    )
