@@ -147,12 +147,26 @@ fn float_steps(
         check_value_kind(*v, dtype, "arange")?;
     }
     let (a, b) = (first, second);
-    let half = |v: f16| v.to_f32();
-    let brain = |v: bf16| v.to_f32();
+    let wide16 = |v: f16| v.to_f32();
+    let wide_bf16 = |v: bf16| v.to_f32();
     let f32_index = |i: usize| i as f32;
     match dtype {
-        DType::Float16 => steps(n, half(from(a)), half(from(b)), f32_index, dtype, device),
-        DType::BFloat16 => steps(n, brain(from(a)), brain(from(b)), f32_index, dtype, device),
+        DType::Float16 => steps(
+            n,
+            wide16(from(a)),
+            wide16(from(b)),
+            f32_index,
+            dtype,
+            device,
+        ),
+        DType::BFloat16 => steps(
+            n,
+            wide_bf16(from(a)),
+            wide_bf16(from(b)),
+            f32_index,
+            dtype,
+            device,
+        ),
         DType::Float32 | DType::Complex64 => steps(n, from(a), from(b), f32_index, dtype, device),
         _ => steps(n, from::<f64>(a), from(b), |i| i as f64, dtype, device),
     }
