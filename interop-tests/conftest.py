@@ -5,9 +5,11 @@ the reason, and CUDA tests are marked ``cuda`` and skip cleanly where no GPU is 
 """
 
 import importlib
+import math
 import os
 import subprocess
 import sys
+from fractions import Fraction
 
 import cubridge as cb
 import numpy as np
@@ -66,6 +68,54 @@ ALL_DTYPES = [
 NUMPY_DTYPES = [d for d in ALL_DTYPES if d != "bfloat16"]
 # torch has no uint16/32/64 arithmetic on CPU in every version, but it can hold them.
 TORCH_DTYPES = ALL_DTYPES
+
+
+# Fraction bits and exponent bits of the binary floating dtypes.
+FLOAT_FORMATS = {"float16": (10, 5), "bfloat16": (7, 8), "float32": (23, 8), "float64": (52, 11)}
+
+
+def rounded(value, dtype):
+    """`value` (a Python int or float, taken exactly) rounded once, to nearest with ties to
+    even, into the floating `dtype`, as a Python float (infinite past the dtype's range): the
+    reference for conversions, computed in exact fractions, independently of any library."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    fraction, exponent = FLOAT_FORMATS[dtype]
+    x = abs(Fraction(value))
+    sign = -1.0 if value < 0 or math.copysign(1.0, value) < 0 else 1.0
+    if x == 0:
+        return sign * 0.0
+    top = x.numerator.bit_length() - x.denominator.bit_length()
+    if Fraction(2) ** top > x:
+        top -= 1  # now 2**top <= x < 2**(top + 1)
+    bias = 2 ** (exponent - 1) - 1
+    quantum = Fraction(2) ** (max(top, 1 - bias) - fraction)
+    r = round(x / quantum) * quantum  # round() of a Fraction takes ties to even
+    if r > (2 - Fraction(2) ** -fraction) * Fraction(2) ** bias:
+        return sign * math.inf
+    return sign * float(r)
+
+
+# Values one rounding apart from two: each lies just past a tie of float16 or bfloat16 (or a
+# float32 tie that then makes one of theirs), in normal and subnormal ranges and at the top.
+NEAR_TIES = {
+    "float16": [1 + 2**-11 + 2**-40, 65520 - 2**-20, -(2048 + 1 + 2**-30), 2**-25 + 2**-60,
+                3 * 2**-25 - 2**-70, 2**-14 + 2**-25 + 2**-50],
+    "bfloat16": [1 + 2**-8 + 2**-40, -(3 + 2**-6 + 2**-45), 2.0**127 * (2 - 2**-8) - 2.0**90,
+                 2**-133 + 2**-160, 2**-126 + 2**-134 + 2**-150],
+}  # fmt: skip
+INT_NEAR_TIES = {
+    "float16": [2049, -2051, 4097, 65519, 65520, 2**40],
+    "bfloat16": [2**24 + 2**16 + 1, -(2**60 + 2**52 + 1), 2**62 - 2**53 - 1, 257, 2**63 - 1],
+}
+
+
+def float_values(a):
+    """A cubridge array's values as a float64 numpy array (bfloat16 through ml_dtypes or torch,
+    both exact widenings)."""
+    if a.dtype == "bfloat16" and torch is not None:
+        return torch.from_dlpack(a).double().numpy()
+    return a.to_numpy().astype(np.float64)
 
 
 def torch_dtype(name):

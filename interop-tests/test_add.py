@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 from conftest import (
     ALL_DTYPES,
+    INT_NEAR_TIES,
+    NEAR_TIES,
     NUMPY_DTYPES,
+    float_values,
     jnp,
     needs_jax,
     needs_torch,
+    rounded,
     sample,
     torch,
     torch_sample,
@@ -317,6 +321,42 @@ def test_numpy_scalars_beside_scalars_match_numpy():
     out = np.empty(4, np.float64)
     cb.add(a, np.float64(0.1), out=out)
     np.testing.assert_array_equal(out, a + np.float64(0.1))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_python_scalars_round_once_into_half_precision(dtype):
+    """A Python float or int added to a float16 or bfloat16 array went through float32 (or lost
+    its low bits) before its one rounding into the array's dtype: zeros(1, float16) + (1 +
+    2**-11 + 2**-40) was 1.0, where numpy's is 1.001."""
+    zero = cb.zeros((1,), dtype=dtype)
+    for v in NEAR_TIES[dtype] + INT_NEAR_TIES[dtype]:
+        want = rounded(v, dtype)
+        if dtype == "float16":
+            with np.errstate(over="ignore"):
+                assert np.float16(v) == want  # numpy rounds these once too
+        for got in (cb.add(zero, v), cb.add(v, zero), cb.full((1,), v, dtype=dtype)):
+            np.testing.assert_array_equal(float_values(got), [want], err_msg=repr(v))
+
+
+def test_python_integers_past_128_bits_meet_floating_arrays():
+    """add(float64 array, 10**40) refused the integer, which numpy converts to the nearest
+    float; into an integer array numpy and cubridge refuse it."""
+    a = sample((3,), "float64")
+    for v in (10**40, -(3**300), 2**127 + 1):
+        check(cb.add(a, v), a + v)
+        check(cb.add(v, a), v + a)
+    c = sample((2,), "complex128")
+    check(cb.add(c, 10**40), c + 10**40)
+    f = cb.zeros((1,), dtype="float32")
+    v = 2**127 + 2**103 + 1  # past a float32 tie by less than float64 can tell
+    np.testing.assert_array_equal(cb.add(f, v).to_numpy(), [rounded(v, "float32")])
+    for dtype in ("int64", "uint64"):
+        with pytest.raises(OverflowError):
+            np.add(np.zeros(2, dtype=dtype), 10**40)
+        with pytest.raises(OverflowError):
+            cb.add(cb.zeros((2,), dtype=dtype), 10**40)
+    with pytest.raises(OverflowError):
+        cb.add(a, 2**1024)
 
 
 def test_operator_plus():

@@ -12,7 +12,17 @@ import time
 import cubridge as cb
 import numpy as np
 import pytest
-from conftest import NUMPY_DTYPES, _try_import, run_child, sample, torch
+from conftest import (
+    INT_NEAR_TIES,
+    NEAR_TIES,
+    NUMPY_DTYPES,
+    _try_import,
+    float_values,
+    rounded,
+    run_child,
+    sample,
+    torch,
+)
 from matrix_libs import CAIOnly
 
 cupy = _try_import("cupy")
@@ -539,6 +549,40 @@ def test_numpy_scalar_beside_a_device_array(da, ds, form):
     if want.dtype == a.dtype:
         cb.add(x, s, out=x)
         np.testing.assert_array_equal(x.to_numpy(), want)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_values_reach_the_device_rounded_once(dtype):
+    """full, asarray and add's Python scalars convert on the host before the device sees the
+    value: each rounds once into float16 and bfloat16, as on the CPU."""
+    values = NEAR_TIES[dtype] + INT_NEAR_TIES[dtype]
+    want = [rounded(v, dtype) for v in values]
+    got = cb.asarray(values, dtype=dtype, device="cuda")
+    np.testing.assert_array_equal(float_values(got.to_device("cpu")), want)
+    zero = cb.zeros((1,), dtype=dtype, device="cuda")
+    for v, w in zip(values, want, strict=True):
+        for a in (cb.full((2,), v, dtype=dtype, device="cuda"), cb.add(zero, v)):
+            np.testing.assert_array_equal(float_values(a.to_device("cpu")), [w] * a.shape[0])
+
+
+def test_arange_and_sequences_on_the_device_match_numpy():
+    """arange is made on the host and copied; sequences may hold device arrays (0-d or not)."""
+    for args, dtype in (
+        ((0, 1, 0.1), "float16"),
+        ((0, 10, 0.1), "int8"),
+        ((2**63, 2**64 - 1, 2**61), None),
+    ):
+        got = cb.arange(*args, dtype=dtype, device="cuda").to_numpy()
+        want = (
+            np.array(range(*args), dtype=np.uint64)
+            if dtype is None
+            else np.arange(*args, dtype=dtype)
+        )
+        np.testing.assert_array_equal(got, want, strict=True)
+    t = torch.arange(4, dtype=torch.float64, device="cuda")
+    got = cb.asarray([t, [torch.tensor(7.0, device="cuda")] * 4, range(4)], device="cuda")
+    assert got.dtype == "float64" and got.device == "cuda:0"
+    np.testing.assert_array_equal(got.to_numpy(), [[0, 1, 2, 3], [7] * 4, [0, 1, 2, 3]])
 
 
 def test_tiled_add_with_promotion():

@@ -216,8 +216,8 @@ def test_numpy_scalars_in_sequences_are_read_as_their_values():
     assert b.dtype == "int64"
     np.testing.assert_array_equal(b.to_numpy(), [[3, 4], [5, 6]])
     assert cb.asarray([np.True_, False]).dtype == "bool"
-    with pytest.raises(TypeError):
-        cb.asarray([np.zeros(2), 1.0])  # an array among scalars is not a scalar
+    with pytest.raises(ValueError):  # as numpy: an array among scalars is ragged
+        cb.asarray([np.zeros(2), 1.0])
 
 
 def test_out_may_interleave_with_an_input_that_it_does_not_share_elements_with():

@@ -2,6 +2,7 @@
 objects. Zero copy is checked with pointers, lifetime by deleting the producer first."""
 
 import array
+import collections
 import gc
 import re
 
@@ -10,10 +11,14 @@ import numpy as np
 import pytest
 from conftest import (
     ALL_DTYPES,
+    INT_NEAR_TIES,
+    NEAR_TIES,
     NUMPY_DTYPES,
+    float_values,
     jnp,
     needs_jax,
     needs_torch,
+    rounded,
     sample,
     torch,
     torch_sample,
@@ -330,3 +335,118 @@ def test_from_dlpack_device_argument():
     assert a.data_ptr == ref.ctypes.data
     with pytest.raises(ValueError, match="unknown device"):
         cb.from_dlpack(ref, device="tpu")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_conversions_into_half_precision_round_once(dtype):
+    """float64 values, Python floats and large integers went into float16 and bfloat16 through
+    float32 or with their low bits dropped, rounding twice: asarray([1 + 2**-11 + 2**-40],
+    dtype="float16") was 1.0 (numpy: 1.001), and 65520 - 2**-20 became inf (numpy: 65504)."""
+    for values, source in ((NEAR_TIES[dtype], "float64"), (INT_NEAR_TIES[dtype], "int64")):
+        want = [rounded(v, dtype) for v in values]
+        if dtype == "float16":  # numpy rounds these once too
+            with np.errstate(over="ignore"):
+                np.testing.assert_array_equal(np.asarray(values, dtype=np.float16), want)
+        from_list = cb.asarray(values, dtype=dtype)
+        from_array = cb.asarray(np.asarray(values, dtype=source), dtype=dtype)
+        for got in (from_list, from_array):
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(float_values(got), want, err_msg=str(values))
+
+
+# Integers past 128 bits (and just past i128), with bits far below the leading ones that decide
+# a rounding into float32 or bfloat16.
+WIDE_INTS = [10**40, -(10**40), 2**127, 2**127 + 2**103 + 1, -(2**127 + 2**119 + 1),
+             2**128 - 2**103, 3**600, 2**1024 - 2**971]  # fmt: skip
+
+
+def test_integers_past_128_bits_convert_to_floating_dtypes():
+    """asarray([10**40], dtype="float64") and add(float64 array, 10**40) refused integers
+    wider than 128 bits, which numpy converts to the nearest float."""
+    for dtype in ("float64", "float32", "float16", "bfloat16"):
+        want = [rounded(v, dtype) for v in WIDE_INTS]
+        with np.errstate(over="ignore"):
+            if dtype == "float64":
+                assert want == [float(v) for v in WIDE_INTS]
+                np.testing.assert_array_equal(np.asarray(WIDE_INTS, dtype=np.float64), want)
+        np.testing.assert_array_equal(float_values(cb.asarray(WIDE_INTS, dtype=dtype)), want)
+    got = cb.asarray(WIDE_INTS, dtype="complex128").to_numpy()
+    np.testing.assert_array_equal(got, np.asarray(WIDE_INTS, dtype=np.complex128))
+    np.testing.assert_array_equal(cb.asarray([10**40], dtype="bool").to_numpy(), [True])
+    # Past float64's range numpy refuses, and so does cubridge; integer dtypes refuse them all.
+    for dtype in ("float64", "float32", "complex128"):
+        with pytest.raises(OverflowError):
+            np.asarray([2**1024 - 2**970], dtype=dtype)
+        with pytest.raises(OverflowError):
+            cb.asarray([2**1024 - 2**970], dtype=dtype)
+    for dtype in ("int64", "uint64", "int8"):
+        with pytest.raises(OverflowError):
+            cb.asarray([10**40], dtype=dtype)
+    with pytest.raises(OverflowError):
+        cb.asarray([10**40])  # no dtype holds it (numpy makes an object array)
+
+
+class _Squares(collections.abc.Sequence):
+    """A sequence that is neither a list nor a tuple."""
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        if not 0 <= i < 3:
+            raise IndexError(i)
+        return i * i
+
+
+def test_asarray_takes_any_sequence_and_arrays_among_its_elements():
+    """range, collections.deque, other sequences, and lists of 0-d arrays (cubridge's,
+    torch's) were refused, where numpy and torch take them."""
+    cases = [
+        range(5),
+        range(3, -7, -2),
+        collections.deque([1, -2]),
+        [range(2), (3, 4)],
+        _Squares(),
+        [_Squares(), [1, 2, 3]],
+        [np.arange(3, dtype=np.int16), [4, 5, 6]],
+        [np.float32(1), np.array(2.5, dtype=np.float32), 3],
+        [cb.asarray(1.5, dtype="float64"), cb.asarray(2, dtype="int8")],
+        [[cb.asarray(np.arange(2, dtype=np.uint8))], [[7, 8]]],
+    ]
+    if torch is not None:
+        cases.append([torch.tensor(1.5), torch.tensor(2, dtype=torch.int16)])
+        cases.append([torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)])
+    for values in cases:
+        want = np.asarray(values)
+        got = cb.asarray(values)
+        assert got.dtype == str(want.dtype), (values, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got.to_numpy(), want, err_msg=repr(values))
+    assert cb.asarray(range(4), dtype="float16").to_numpy().tolist() == [0, 1, 2, 3]
+    floats = cb.asarray(collections.deque([1.5, 2.5]))  # Python floats alone: float32
+    np.testing.assert_array_equal(floats.to_numpy(), np.array([1.5, 2.5], dtype=np.float32))
+    if torch is not None:  # a dtype numpy has not
+        got = cb.asarray([torch.tensor(1.5, dtype=torch.bfloat16), torch.ones(1)[0].bfloat16() * 2])
+        assert got.dtype == "bfloat16"
+        np.testing.assert_array_equal(float_values(got), [1.5, 2.0])
+    # Text is no sequence of numbers; ragged arrays are refused as ragged lists are.
+    for bad, error in (("ab", TypeError), (["ab"], TypeError), ([np.arange(2), [1]], ValueError)):
+        with pytest.raises(error):
+            cb.asarray(bad)
+
+
+def test_python_values_into_integer_and_bool_dtypes_convert_as_numpy():
+    """An infinite float into an integer dtype raised ValueError where numpy (and Python's
+    int()) raise OverflowError; a complex value into bool was a TypeError where numpy takes
+    its truth."""
+    for dtype in ("int8", "uint64"):
+        for v in (float("inf"), float("-inf")):
+            with pytest.raises(OverflowError):
+                np.asarray([v], dtype=dtype)
+            with pytest.raises(OverflowError):
+                cb.asarray([v], dtype=dtype)
+        with pytest.raises(ValueError):
+            cb.asarray([float("nan")], dtype=dtype)
+    values = [1j, 0j, complex(0.0, -0.0), complex(float("nan"), 0)]
+    np.testing.assert_array_equal(
+        cb.asarray(values, dtype="bool").to_numpy(), np.asarray(values, dtype=bool)
+    )

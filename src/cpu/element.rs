@@ -1,6 +1,7 @@
 //! Rust element types behind each dtype, the exact widening conversions that promotion needs, and
 //! a dynamically typed [`Scalar`] for creation and casting.
 
+use super::round;
 use crate::dtype::DType;
 use half::{bf16, f16};
 
@@ -25,6 +26,40 @@ pub enum Scalar {
     Float(f64),
     /// A complex number.
     Complex(f64, f64),
+    /// An integer beyond `i128` (a Python int), as precisely as a floating dtype needs it.
+    Wide(WideInt),
+}
+
+/// An integer too wide for `i128`, kept to the precision that rounding it into any floating
+/// dtype needs: `±top · 2^shift`, where the lowest bit of `top` is also set when any bit of the
+/// integer below `top` is. (Rounded to 62 bits or fewer, such a `top` rounds as the integer
+/// itself would.)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WideInt {
+    /// Whether the integer is negative.
+    pub negative: bool,
+    /// The magnitude's leading 64 bits, the lowest one sticky.
+    pub top: u64,
+    /// How far `top` is shifted left.
+    pub shift: u32,
+}
+
+impl WideInt {
+    /// The nearest float64 (ties to even), infinite past float64's range.
+    pub fn to_f64(self) -> f64 {
+        self.scale(self.top as f64)
+    }
+
+    /// `rounded_top` (the top rounded to a float) times `±2^shift`: exact, or infinite.
+    fn scale(self, rounded_top: f64) -> f64 {
+        // 2^shift is infinite past 2^1023, and so is the product (the top is not zero).
+        let magnitude = rounded_top * 2f64.powi(self.shift.min(4096) as i32);
+        if self.negative {
+            -magnitude
+        } else {
+            magnitude
+        }
+    }
 }
 
 /// A Rust type that stores one element of a cubridge dtype.
@@ -57,7 +92,7 @@ impl Scalar {
     pub fn default_dtype(self) -> DType {
         match self {
             Scalar::Bool(_) => DType::Bool,
-            Scalar::Int(_) => DType::Int64,
+            Scalar::Int(_) | Scalar::Wide(_) => DType::Int64,
             Scalar::Float(_) => DType::Float32,
             Scalar::Complex(..) => DType::Complex64,
         }
@@ -67,7 +102,7 @@ impl Scalar {
     pub fn kind_name(self) -> &'static str {
         match self {
             Scalar::Bool(_) => "a Python bool",
-            Scalar::Int(_) => "a Python int",
+            Scalar::Int(_) | Scalar::Wide(_) => "a Python int",
             Scalar::Float(_) => "a Python float",
             Scalar::Complex(..) => "a Python complex",
         }
@@ -79,6 +114,8 @@ impl Scalar {
             Scalar::Int(i) => i,
             // `as` saturates and maps NaN to 0: the defined behaviour we want for bad input.
             Scalar::Float(f) | Scalar::Complex(f, _) => f as i128,
+            Scalar::Wide(w) if w.negative => i128::MIN,
+            Scalar::Wide(_) => i128::MAX,
         }
     }
 
@@ -87,6 +124,8 @@ impl Scalar {
     fn as_f32(self) -> f32 {
         match self {
             Scalar::Int(i) => i as f32,
+            // The top rounds to float32 in one step; scaling it is exact (or overflows).
+            Scalar::Wide(w) => w.scale(f64::from(w.top as f32)) as f32,
             other => other.as_f64() as f32,
         }
     }
@@ -96,6 +135,18 @@ impl Scalar {
             Scalar::Bool(b) => b as u8 as f64,
             Scalar::Int(i) => i as f64,
             Scalar::Float(f) | Scalar::Complex(f, _) => f,
+            Scalar::Wide(w) => w.to_f64(),
+        }
+    }
+
+    /// The value as `(negative, m, e)`, exactly `±m · 2^e`, for a conversion that rounds once
+    /// (the real part of a complex value); `None` for NaN and the infinities.
+    fn parts(self) -> Option<(bool, u128, i32)> {
+        match self {
+            Scalar::Bool(b) => Some((false, u128::from(b), 0)),
+            Scalar::Int(i) => Some((i < 0, i.unsigned_abs(), 0)),
+            Scalar::Float(f) | Scalar::Complex(f, _) => round::parts_of_f64(f),
+            Scalar::Wide(w) => Some((w.negative, u128::from(w.top), w.shift.min(4096) as i32)),
         }
     }
 
@@ -105,6 +156,7 @@ impl Scalar {
             Scalar::Int(i) => i != 0,
             Scalar::Float(f) => f != 0.0,
             Scalar::Complex(re, im) => re != 0.0 || im != 0.0,
+            Scalar::Wide(_) => true,
         }
     }
 }
@@ -150,9 +202,22 @@ macro_rules! float_element {
         }
     )*};
 }
+/// `value` rounded once into float16 or bfloat16 (`format`); NaN and the infinities as `half`
+/// converts them.
+fn half_bits(value: Scalar, format: round::Format, special: fn(f64) -> u16) -> u16 {
+    match value.parts() {
+        Some((negative, m, e)) => round::round(negative, m, e, format),
+        None => special(value.as_f64()),
+    }
+}
+
 float_element!(
-    f16 => Float16, |v: Scalar| f16::from_f64(v.as_f64()), f16::to_f64;
-    bf16 => BFloat16, |v: Scalar| bf16::from_f64(v.as_f64()), bf16::to_f64;
+    f16 => Float16,
+        |v: Scalar| f16::from_bits(half_bits(v, round::FLOAT16, |x| f16::from_f64(x).to_bits())),
+        f16::to_f64;
+    bf16 => BFloat16,
+        |v: Scalar| bf16::from_bits(half_bits(v, round::BFLOAT16, |x| bf16::from_f64(x).to_bits())),
+        bf16::to_f64;
     f32 => Float32, |v: Scalar| v.as_f32(), |v: f32| v as f64;
     f64 => Float64, |v: Scalar| v.as_f64(), |v: f64| v
 );
@@ -272,6 +337,28 @@ mod tests {
         assert_eq!(u8::add(255, 2), 1);
         assert!(bool::add(true, true));
         assert!(!bool::add(false, false));
+    }
+
+    #[test]
+    fn wide_integers_round_once_into_floats() {
+        // 2^127 + 2^103 + 1: past a float32 tie by a bit that only the sticky bit keeps.
+        let w = Scalar::Wide(WideInt {
+            negative: false,
+            top: (1 << 63) + (1 << 39) + 1,
+            shift: 64,
+        });
+        assert_eq!(f32::from_scalar(w), 2f32.powi(127) + 2f32.powi(104));
+        assert_eq!(f64::from_scalar(w), 2f64.powi(127) + 2f64.powi(103));
+        assert_eq!(bf16::from_scalar(w).to_f64(), 2f64.powi(127));
+        assert!(f16::from_scalar(w).is_infinite());
+        let huge = WideInt {
+            negative: true,
+            top: u64::MAX,
+            shift: 1000,
+        };
+        assert_eq!(f64::from_scalar(Scalar::Wide(huge)), f64::NEG_INFINITY);
+        assert_eq!(i64::from_scalar(Scalar::Wide(huge)), 0); // i128::MIN, wrapped
+        assert!(bool::from_scalar(Scalar::Wide(huge)));
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Creation functions that need values: `full` and `arange` (`empty` and `zeros` are
-//! [`Array`] constructors).
+//! `full`, and the conversion of Python values into elements of a dtype, shared by creation
+//! and kernels (`empty` and `zeros` are [`Array`] constructors; `arange` has its own file).
 
 use crate::array::Array;
 use crate::cpu::copy::fill;
@@ -36,124 +36,22 @@ pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: Device) -> Res
     Ok(out)
 }
 
-/// `[start, start + step, ...)` up to but excluding `stop`, as a 1-d array of `dtype`. Integer
-/// bounds and step (Python's or numpy's ints) count and fill exactly, in 128-bit integers, into
-/// any dtype (values an integer dtype cannot hold raise [`Error::Overflow`]); any float among
-/// them makes the range a float64 one, rounded into `dtype` as numpy does.
-pub fn arange(
-    start: Scalar,
-    stop: Scalar,
-    step: Scalar,
-    dtype: DType,
-    device: Device,
-) -> Result<Array> {
-    if !device.is_host_accessible() {
-        let host = arange(start, stop, step, dtype, Device::Cpu)?;
-        return super::copy(&host, dtype, device);
-    }
-    let int = |v: Scalar| match v {
-        Scalar::Int(i) => Some(i),
-        Scalar::Bool(b) => Some(i128::from(b)),
-        _ => None,
-    };
-    match (int(start), int(stop), int(step)) {
-        (Some(a), Some(b), Some(s)) => integer_range(a, b, s, dtype, device),
-        _ => float_range([start, stop, step], dtype, device),
-    }
-}
-
-/// An integer range, counted and filled exactly.
-fn integer_range(a: i128, b: i128, s: i128, dtype: DType, device: Device) -> Result<Array> {
-    if s == 0 {
-        return Err(Error::invalid("arange needs a non-zero step"));
-    }
-    // ceil((b - a) / s), exactly.
-    let (span, s_abs) = if s > 0 { (b - a, s) } else { (a - b, -s) };
-    let count = if span <= 0 {
-        0
-    } else {
-        (span + s_abs - 1) / s_abs
-    };
-    let n = length(count as f64, || format!("arange({a}, {b}, {s})"))?;
-    if n > 0 {
-        check_value_kind(Scalar::Int(a), dtype, "arange")?;
-        check_value_kind(Scalar::Int(a + (n as i128 - 1) * s), dtype, "arange")?;
-    }
-    filled(n, dtype, device, |i| Scalar::Int(a + i as i128 * s))
-}
-
-/// A range with a float among its bounds and step (`[start, stop, step]`), in float64.
-fn float_range(bounds: [Scalar; 3], dtype: DType, device: Device) -> Result<Array> {
-    let real = |v: Scalar| match v {
-        Scalar::Bool(b) => Ok(f64::from(u8::from(b))),
-        Scalar::Int(i) => Ok(i as f64),
-        Scalar::Float(f) => Ok(f),
-        Scalar::Complex(..) => Err(Error::DTypeMismatch {
-            op: "arange",
-            left: dtype.name().into(),
-            right: "a complex bound".into(),
-        }),
-    };
-    let [a, b, s] = [real(bounds[0])?, real(bounds[1])?, real(bounds[2])?];
-    if s == 0.0 || !s.is_finite() || !a.is_finite() || !b.is_finite() {
-        return Err(Error::invalid(format!(
-            "arange needs finite start, stop and a non-zero step, got {a}, {b}, {s}"
-        )));
-    }
-    // Debug formatting keeps exponents: Display would print 1e-300 as 300 digits.
-    let n = length(((b - a) / s).ceil().max(0.0), || {
-        format!("arange({a:?}, {b:?}, {s:?})")
-    })?;
-    let floating = matches!(dtype.kind(), Kind::Float | Kind::Complex);
-    filled(n, dtype, device, |i| {
-        let v = a + i as f64 * s;
-        if floating {
-            Scalar::Float(v)
-        } else {
-            Scalar::Int(v as i128)
-        }
-    })
-}
-
-/// A new 1-d array of `n` elements of `dtype` on the host `device`, element `i` being
-/// `value(i)`.
-fn filled(
-    n: usize,
-    dtype: DType,
-    device: Device,
-    value: impl Fn(usize) -> Scalar,
-) -> Result<Array> {
-    let out = Array::empty(&[n], dtype, device)?;
-    let size = dtype.itemsize();
-    for i in 0..n {
-        // SAFETY: element i of the fresh contiguous host-accessible allocation of n elements.
-        unsafe { fill(dtype, out.data_ptr().add(i * size), 1, value(i)) };
-    }
-    Ok(out)
-}
-
-/// A range's element count, refused past what an allocation could address.
-fn length(count: f64, what: impl Fn() -> String) -> Result<usize> {
-    if count > (isize::MAX as f64) {
-        return Err(Error::invalid(format!("{} is too long", what())));
-    }
-    Ok(count as usize)
-}
-
 /// A Python value converted for an element of `dtype` the way numpy builds an array from
 /// values (`numpy.asarray([1.5], dtype="int32")` is `[1]`): floats truncate toward zero into
-/// integer dtypes, and any non-zero value is true in bool. As numpy 2 does, an integer that the
-/// dtype cannot hold is an [`Error::Overflow`] rather than wrapping, so is a float beyond an
-/// integer dtype, a NaN or infinity into one is an [`Error::Invalid`], and a complex value into
-/// a real dtype is refused.
+/// integer dtypes, and any non-zero value (a complex one too) is true in bool. As numpy 2 does,
+/// an integer that the dtype cannot hold is an [`Error::Overflow`] rather than wrapping, so are
+/// a float beyond an integer dtype and an infinity into one; a NaN into one is an
+/// [`Error::Invalid`], and a complex value into another real dtype is refused.
 pub fn cast_value(value: Scalar, dtype: DType) -> Result<Scalar> {
     let value = match (value, dtype.kind()) {
         (Scalar::Int(v), Kind::Bool) => Scalar::Bool(v != 0),
+        (Scalar::Wide(_), Kind::Bool) => Scalar::Bool(true),
         (Scalar::Float(v), Kind::Bool) => Scalar::Bool(v != 0.0),
+        (Scalar::Complex(re, im), Kind::Bool) => Scalar::Bool(re != 0.0 || im != 0.0),
         (Scalar::Float(v), Kind::Int | Kind::UInt) => {
-            if !v.is_finite() {
+            if v.is_nan() {
                 return Err(Error::invalid(format!(
-                    "cannot convert float {v} to integer ({dtype})"
+                    "cannot convert float NaN to integer ({dtype})"
                 )));
             }
             let t = v.trunc();
@@ -172,20 +70,33 @@ pub fn cast_value(value: Scalar, dtype: DType) -> Result<Scalar> {
 
 /// Refuses values that `dtype` cannot hold meaningfully, as the Array API does for Python
 /// scalars: a bool takes any dtype, an int any but bool, a float a floating or complex one, a
-/// complex a complex one; and, as numpy 2 does, an int outside an integer dtype's range
-/// ([`Error::Overflow`]) rather than wrapping it. `op` names the operation in the error.
+/// complex a complex one; and, as numpy 2 does, an int outside an integer dtype's range, or one
+/// past float64's range ([`Error::Overflow`]), rather than wrapping it or making it infinite.
+/// `op` names the operation in the error.
 pub fn check_value_kind(value: Scalar, dtype: DType, op: &'static str) -> Result<()> {
-    if let (Scalar::Int(v), Some((lo, hi))) = (value, int_range(dtype)) {
-        if v < lo || v > hi {
+    match (value, int_range(dtype)) {
+        (Scalar::Int(v), Some((lo, hi))) if v < lo || v > hi => {
             return Err(Error::Overflow(format!(
                 "Python integer {v} out of bounds for {dtype}"
             )));
         }
+        (Scalar::Wide(w), Some(_)) => {
+            return Err(Error::Overflow(format!(
+                "Python integer of {} bits out of bounds for {dtype}",
+                64 + u64::from(w.shift)
+            )));
+        }
+        (Scalar::Wide(w), None) if w.to_f64().is_infinite() => {
+            return Err(Error::Overflow(
+                "Python integer too large to convert to float".into(),
+            ));
+        }
+        _ => {}
     }
     let fits = match (value, dtype.kind()) {
         (Scalar::Bool(_), _) => true,
-        (Scalar::Int(_), Kind::Bool) => false,
-        (Scalar::Int(_), _) => true,
+        (Scalar::Int(_) | Scalar::Wide(_), Kind::Bool) => false,
+        (Scalar::Int(_) | Scalar::Wide(_), _) => true,
         (Scalar::Float(_), Kind::Float | Kind::Complex) => true,
         (Scalar::Complex(..), Kind::Complex) => true,
         _ => false,
@@ -217,40 +128,6 @@ mod tests {
     use crate::cpu::copy::read_scalar;
 
     #[test]
-    fn arange_counts_like_numpy() {
-        let (i, f) = (Scalar::Int, Scalar::Float);
-        let a = arange(i(0), i(5), i(1), DType::Int32, Device::Cpu).unwrap();
-        assert_eq!(a.shape(), &[5]);
-        let a = arange(f(1.0), f(2.0), f(0.3), DType::Float64, Device::Cpu).unwrap();
-        assert_eq!(a.shape(), &[4]);
-        // SAFETY: element 3 of a 4-element float64 array.
-        let last = unsafe { read_scalar(DType::Float64, a.data_ptr(), 3) };
-        assert_eq!(last, Scalar::Float(1.0 + 3.0 * 0.3));
-        let empty = arange(i(5), i(0), i(1), DType::Int8, Device::Cpu).unwrap();
-        assert_eq!(empty.shape(), &[0]);
-        assert!(arange(i(0), i(1), i(0), DType::Int8, Device::Cpu).is_err());
-        assert!(arange(f(0.0), f(1.0), f(0.0), DType::Int8, Device::Cpu).is_err());
-        // Integers count and fill exactly where float64 cannot tell them apart.
-        let big = 1i128 << 53;
-        let a = arange(i(big), i(big + 4), i(1), DType::Int64, Device::Cpu).unwrap();
-        // SAFETY: elements of a 4-element int64 array.
-        let values: Vec<Scalar> = (0..4)
-            .map(|k| unsafe { read_scalar(DType::Int64, a.data_ptr(), k) })
-            .collect();
-        assert_eq!(values, (0..4).map(|k| i(big + k)).collect::<Vec<_>>());
-        let top = i128::from(u64::MAX);
-        let a = arange(i(top), i(top - 6), i(-3), DType::UInt64, Device::Cpu).unwrap();
-        assert_eq!(a.shape(), &[2]);
-        // SAFETY: element 1 of a 2-element uint64 array.
-        let second = unsafe { read_scalar(DType::UInt64, a.data_ptr(), 1) };
-        assert_eq!(second, i(top - 3));
-        assert!(matches!(
-            arange(i(250), i(260), i(1), DType::UInt8, Device::Cpu),
-            Err(Error::Overflow(_))
-        ));
-    }
-
-    #[test]
     fn values_cast_as_numpy_builds_arrays() {
         use Scalar::*;
         assert_eq!(cast_value(Float(1.5), DType::Int32), Ok(Int(1)));
@@ -270,7 +147,36 @@ mod tests {
             cast_value(Float(f64::NAN), DType::Int32),
             Err(Error::Invalid(_))
         ));
+        assert!(matches!(
+            cast_value(Float(f64::NEG_INFINITY), DType::Int32),
+            Err(Error::Overflow(_))
+        ));
+        assert_eq!(cast_value(Complex(0.0, -1.0), DType::Bool), Ok(Bool(true)));
+        assert_eq!(cast_value(Complex(0.0, 0.0), DType::Bool), Ok(Bool(false)));
         assert!(cast_value(Complex(1.0, 2.0), DType::Float64).is_err());
+        // Integers past i128 go into floating dtypes (past float64's range they overflow), true
+        // into bool, and no integer dtype holds them.
+        let wide = |shift| {
+            Wide(crate::cpu::element::WideInt {
+                negative: false,
+                top: 1 << 63,
+                shift,
+            })
+        };
+        assert_eq!(cast_value(wide(64), DType::Float32), Ok(wide(64)));
+        assert!(cast_value(wide(960), DType::Float64).is_ok()); // 2^1023
+        assert_eq!(cast_value(wide(64), DType::Bool), Ok(Bool(true)));
+        for dtype in [DType::UInt64, DType::Int8] {
+            assert!(matches!(
+                cast_value(wide(64), dtype),
+                Err(Error::Overflow(_))
+            ));
+        }
+        assert!(matches!(
+            cast_value(wide(961), DType::Float64),
+            Err(Error::Overflow(_))
+        ));
+        assert!(check_value_kind(wide(64), DType::Bool, "add").is_err());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! the backend that owns the memory.
 
 pub mod add;
+pub mod arange;
 pub mod copy;
 pub mod create;
 pub mod elementwise;
@@ -23,5 +24,6 @@ pub enum Arg {
 }
 
 pub use add::add;
+pub use arange::arange;
 pub use copy::copy;
-pub use create::{arange, full};
+pub use create::full;

@@ -32,6 +32,8 @@ impl PyArray {
             Scalar::Bool(b) => b.into_py_any(py)?,
             Scalar::Int(i) => i.into_py_any(py)?,
             Scalar::Float(f) => f.into_py_any(py)?,
+            // No array element reads as one; this arm only completes the match.
+            Scalar::Wide(w) => w.to_f64().into_py_any(py)?,
             Scalar::Complex(re, im) => pyo3::types::PyComplex::from_doubles(py, re, im)
                 .into_any()
                 .unbind(),

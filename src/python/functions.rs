@@ -1,8 +1,8 @@
 //! Module-level functions: creation, import, `add`, and `cubridge.cuda` queries.
 
 use super::import::{
-    default_dtype, finish, from_sequence, import, infer_dtype, python_scalar, typed_numpy_scalar,
-    widest,
+    default_dtype, finish, from_sequence, from_values, import, infer_dtype, is_sequence,
+    numpy_default, python_scalar, typed_numpy_scalar, widest,
 };
 use super::operands::{
     take_arrays,
@@ -95,11 +95,17 @@ fn created(
 /// scalar's own, else the Array API's default for the Python kind (bool, int64, float32,
 /// complex64; uint64 for an int past int64).
 fn creation_value(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Scalar, DType)> {
+    let (v, dtype) = creation_item(obj, what)?;
+    Ok((v, dtype.map_or_else(|| infer_dtype(&[(v, None)]), Ok)?))
+}
+
+/// A Python or numpy scalar as a value, and its dtype if it is a numpy scalar.
+fn creation_item(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Scalar, Option<DType>)> {
     if let Some(v) = python_scalar(obj)? {
-        return Ok((v, infer_dtype(&[(v, None)])?));
+        return Ok((v, None));
     }
     if let Some((v, d)) = typed_numpy_scalar(obj)? {
-        return Ok((v, d));
+        return Ok((v, Some(d)));
     }
     Err(Error::wrong_type(format!(
         "{what} must be a bool, int, float or complex (Python's or numpy's), not {}",
@@ -129,9 +135,8 @@ pub fn full(
     Ok(PyArray::new(a))
 }
 
-/// `arange(stop)` or `arange(start, stop, step)`: evenly spaced values in `[start, stop)`.
-/// Integer bounds and step count exactly and make int64 when no dtype is given; any float among
-/// them makes float32 (the default floating dtype).
+/// `arange(stop)` or `arange(start, stop, step)`: evenly spaced values in `[start, stop)`, as
+/// numpy makes them (see [`ops::arange`]); without a dtype, see [`arange_dtype`].
 #[pyfunction]
 #[pyo3(signature = (start, /, stop=None, step=None, *, dtype=None, device=None))]
 pub fn arange(
@@ -142,27 +147,36 @@ pub fn arange(
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyArray> {
     let _restore = crate::cuda::context::Restore::new();
-    let start = creation_value(start, "arange's start")?;
+    let first = creation_item(start, "arange's start")?;
     let (start, stop) = match stop.filter(|s| !s.is_none()) {
-        Some(stop) => (start, creation_value(stop, "arange's stop")?),
-        None => ((Scalar::Int(0), DType::Int64), start),
+        Some(stop) => (first, creation_item(stop, "arange's stop")?),
+        None => ((Scalar::Int(0), None), first),
     };
     let step = match step.filter(|s| !s.is_none()) {
-        Some(step) => creation_value(step, "arange's step")?,
-        None => (Scalar::Int(1), DType::Int64),
+        Some(step) => creation_item(step, "arange's step")?,
+        None => (Scalar::Int(1), None),
     };
-    let inferred = [start.1, stop.1, step.1]
-        .into_iter()
-        .reduce(widest)
-        .unwrap_or(DType::Int64);
-    let a = ops::arange(
-        start.0,
-        stop.0,
-        step.0,
-        dtype_or(dtype, inferred)?,
-        parse_device(device)?,
-    )?;
+    let dtype = match dtype.filter(|d| !d.is_none()) {
+        Some(d) => parse_dtype(d)?,
+        None => arange_dtype(&[start, stop, step]),
+    };
+    let a = ops::arange(start.0, stop.0, step.0, dtype, parse_device(device)?)?;
     Ok(PyArray::new(a))
+}
+
+/// arange's dtype when none is given. With a numpy scalar among its values, numpy's: at least
+/// int64, Python values counting as numpy's defaults (`arange(numpy.int8(0),
+/// numpy.int16(200))` is int64, `arange(numpy.float32(0), 1.0)` float64). Python values alone
+/// make what `asarray` makes of them (int64, uint64 past it, float32 for floats, complex64),
+/// or float64 where no integer dtype holds their ints, as numpy's.
+fn arange_dtype(values: &[(Scalar, Option<DType>)]) -> DType {
+    if values.iter().all(|(_, d)| d.is_none()) {
+        return infer_dtype(values).unwrap_or(DType::Float64);
+    }
+    values
+        .iter()
+        .map(|&(v, d)| d.unwrap_or_else(|| numpy_default(v)))
+        .fold(DType::Int64, DType::result_type)
 }
 
 /// A cubridge array over the memory of any DLPack producer, capsule or buffer-protocol object,
@@ -204,14 +218,24 @@ pub fn asarray(
         .filter(|d| !d.is_none())
         .map(|d| parse_device(Some(d)))
         .transpose()?;
-    if let Some(array) = from_sequence(obj, dtype, device.unwrap_or(crate::Device::Cpu))? {
-        if copy == Some(false) {
-            return Err(Error::invalid("copy=False, but a Python sequence must be copied").into());
-        }
-        return Ok(PyArray::new(array));
+    let target = device.unwrap_or(crate::Device::Cpu);
+    if let Some(array) = from_sequence(obj, dtype, target)? {
+        return copied_values(array, copy);
     }
-    let imported = import(obj, LEGACY, Use::Kept)?;
-    Ok(PyArray::new(finish(py, imported, dtype, device, copy)?))
+    match import(obj, LEGACY, Use::Kept) {
+        Ok(imported) => Ok(PyArray::new(finish(py, imported, dtype, device, copy)?)),
+        // A sequence that no array protocol describes (a range, a deque) is read by value.
+        Err(_) if is_sequence(obj) => copied_values(from_values(obj, dtype, target)?, copy),
+        Err(e) => Err(e),
+    }
+}
+
+/// An array built from Python values, which `copy=False` cannot have.
+fn copied_values(array: Array, copy: Option<bool>) -> PyResult<PyArray> {
+    if copy == Some(false) {
+        return Err(Error::invalid("copy=False, but a Python sequence must be copied").into());
+    }
+    Ok(PyArray::new(array))
 }
 
 /// Largest host add (elements of any operand) that runs without letting the GIL go.

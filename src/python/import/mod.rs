@@ -23,7 +23,8 @@ use dlpack::{import_dlpack, type_facts, TypeFacts};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 pub use values::{
-    default_dtype, from_sequence, infer_dtype, python_scalar, typed_numpy_scalar, widest,
+    default_dtype, from_sequence, from_values, infer_dtype, is_sequence, numpy_default,
+    python_scalar, typed_numpy_scalar, widest,
 };
 
 /// An imported array and whether the producer handed over a copy rather than its own memory.

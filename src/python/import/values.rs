@@ -3,14 +3,16 @@
 
 use super::numpy_scalar_dtype;
 use crate::array::Array;
-use crate::cpu::copy::fill;
-use crate::cpu::element::Scalar;
+use crate::cpu::copy::{fill, read_scalar};
+use crate::cpu::element::{Scalar, WideInt};
 use crate::device::Device;
 use crate::dtype::{DType, Kind};
 use crate::error::Error;
 use crate::ops;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
+use pyo3::types::{
+    PyBool, PyBytes, PyComplex, PyFloat, PyInt, PyList, PySequence, PyString, PyTuple,
+};
 
 /// A Python scalar as a [`Scalar`], or `None` if `obj` is not one.
 pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
@@ -19,18 +21,12 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
         return Ok(Some(Scalar::Bool(obj.extract()?)));
     }
     if obj.is_instance_of::<PyInt>() {
-        // Any int that a dtype may hold (floating dtypes take large ones); the dtype it meets
-        // checks its range (ops::create::check_value_kind).
-        let v: i128 = obj.extract().map_err(|_| {
-            let bits = obj
-                .call_method0("bit_length")
-                .and_then(|b| b.extract::<u64>())
-                .unwrap_or(0);
-            Error::Overflow(format!(
-                "Python integer of {bits} bits is too large for any cubridge dtype"
-            ))
-        })?;
-        return Ok(Some(Scalar::Int(v)));
+        // Any int: floating dtypes take large ones; the dtype it meets checks its range
+        // (ops::create::check_value_kind).
+        return Ok(Some(match obj.extract::<i128>() {
+            Ok(v) => Scalar::Int(v),
+            Err(_) => Scalar::Wide(wide_int(obj)?),
+        }));
     }
     // Exact types: numpy's float64 and complex128 scalars subclass float and complex, but they
     // carry their own dtype and come in through the buffer protocol instead.
@@ -41,6 +37,23 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
         return Ok(Some(Scalar::Complex(c.real(), c.imag())));
     }
     Ok(None)
+}
+
+/// A Python int beyond `i128` as its leading 64 bits (the lowest one sticky) and their shift.
+fn wide_int(obj: &Bound<'_, PyAny>) -> PyResult<WideInt> {
+    let magnitude = obj.call_method0(pyo3::intern!(obj.py(), "__abs__"))?;
+    let bits: u64 = magnitude
+        .call_method0(pyo3::intern!(obj.py(), "bit_length"))?
+        .extract()?;
+    // Past 2^32 bits the value is infinite in every floating dtype anyway.
+    let shift = u32::try_from(bits - 64).unwrap_or(u32::MAX);
+    let top = magnitude.rshift(shift)?;
+    let below = !top.lshift(shift)?.eq(&magnitude)?;
+    Ok(WideInt {
+        negative: obj.lt(0)?,
+        top: top.extract::<u64>()? | u64::from(below),
+        shift,
+    })
 }
 
 /// The dtype a Python scalar takes by default (the Array API's defaults, float32 for floats).
@@ -63,13 +76,12 @@ pub fn widest(a: DType, b: DType) -> DType {
     }
 }
 
-/// One element of a nested sequence: its value, and its dtype when it is a numpy scalar (or a
-/// 0-d numpy array).
+/// One element of a nested sequence: its value, and its dtype when it is a numpy scalar or
+/// comes from an array.
 type Item = (Scalar, Option<DType>);
 
-/// Builds a new array from a Python scalar or a nested list/tuple of scalars. Without a
-/// `dtype`, see [`infer_dtype`]; with one, each value is converted as numpy builds an array
-/// ([`crate::ops::create::cast_value`]).
+/// [`from_values`] of a Python scalar or a list or tuple; `None` for any other object (which
+/// may be an array, or a sequence of another type: see [`is_sequence`]).
 pub fn from_sequence(
     obj: &Bound<'_, PyAny>,
     dtype: Option<DType>,
@@ -80,6 +92,17 @@ pub fn from_sequence(
     {
         return Ok(None);
     }
+    from_values(obj, dtype, device).map(Some)
+}
+
+/// Builds a new array from a Python scalar or a nested sequence of scalars and arrays. Without
+/// a `dtype`, see [`infer_dtype`]; with one, each value is converted as numpy builds an array
+/// ([`crate::ops::create::cast_value`]).
+pub fn from_values(
+    obj: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+    device: Device,
+) -> PyResult<Array> {
     let mut shape = Vec::new();
     let mut values = Vec::new();
     flatten(obj, 0, &mut shape, &mut values)?;
@@ -98,9 +121,9 @@ pub fn from_sequence(
         unsafe { fill(dtype, host.data_ptr().add(i * size), 1, v) };
     }
     if device == Device::Cpu {
-        Ok(Some(host))
+        Ok(host)
     } else {
-        Ok(Some(ops::copy(&host, dtype, device)?))
+        Ok(ops::copy(&host, dtype, device)?)
     }
 }
 
@@ -110,16 +133,10 @@ pub fn from_sequence(
 /// numpy scalar keeps its dtype, Python values count as numpy's defaults (int64, float64,
 /// complex128), and all meet in [`DType::result_type`] (`[numpy.float64(0.1)]` stays float64).
 pub fn infer_dtype(values: &[Item]) -> Result<DType, Error> {
-    let python = |v: Scalar| match v {
-        Scalar::Int(i) if i > i128::from(i64::MAX) => DType::UInt64,
-        Scalar::Float(_) => DType::Float64,
-        Scalar::Complex(..) => DType::Complex128,
-        other => other.default_dtype(),
-    };
     if values.iter().any(|(_, d)| d.is_some()) {
         let dtype = values
             .iter()
-            .map(|&(v, d)| d.unwrap_or_else(|| python(v)))
+            .map(|&(v, d)| d.unwrap_or_else(|| numpy_default(v)))
             .reduce(DType::result_type);
         return Ok(dtype.unwrap_or(DType::Float64));
     }
@@ -131,6 +148,7 @@ pub fn infer_dtype(values: &[Item]) -> Result<DType, Error> {
     let ints = || {
         values.iter().filter_map(|v| match v.0 {
             Scalar::Int(i) => Some(i),
+            Scalar::Wide(w) => Some(if w.negative { i128::MIN } else { i128::MAX }),
             _ => None,
         })
     };
@@ -145,6 +163,18 @@ pub fn infer_dtype(values: &[Item]) -> Result<DType, Error> {
          negative); give a dtype"
             .into(),
     ))
+}
+
+/// The dtype numpy gives a Python value among numpy values: int64 (uint64 past it), float64,
+/// complex128, bool.
+pub fn numpy_default(value: Scalar) -> DType {
+    match value {
+        Scalar::Int(i) if i > i128::from(i64::MAX) => DType::UInt64,
+        Scalar::Wide(w) if !w.negative => DType::UInt64,
+        Scalar::Float(_) => DType::Float64,
+        Scalar::Complex(..) => DType::Complex128,
+        other => other.default_dtype(),
+    }
 }
 
 /// A numpy scalar (`np.float32(2)`, not a 0-d array) as its value and dtype, read through its
@@ -215,6 +245,9 @@ fn numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Item>> {
     Ok(numpy_value(obj)?.map(|(v, d)| (v, Some(d))))
 }
 
+/// Gathers the values of a nested sequence (`shape` grows as new depths are met), checking
+/// that its lengths and depths are consistent. Its elements may be scalars, sequences, or
+/// arrays of any protocol (whose dimensions continue the sequence's, as numpy reads them).
 fn flatten(
     obj: &Bound<'_, PyAny>,
     depth: usize,
@@ -232,13 +265,55 @@ fn flatten(
         values.push(v);
         return Ok(());
     }
-    if !(obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
+    let listlike = obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>();
+    if !listlike && !is_text(obj) && super::readable(obj)? {
+        return flatten_array(obj, depth, shape, values);
+    }
+    if !listlike && !is_sequence(obj) {
         return Err(Error::wrong_type(format!(
             "cannot put a {} into an array",
             obj.get_type().name()?
         ))
         .into());
     }
+    // What iteration yields is what counts: a sequence's __len__ may disagree with it.
+    let items = obj.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+    enter(depth, items.len(), shape, values)?;
+    for item in &items {
+        flatten(item, depth + 1, shape, values)?;
+    }
+    Ok(())
+}
+
+/// An array among a sequence's elements (a 0-d one is one value): its dimensions continue the
+/// sequence's, and its elements keep their dtype, as numpy scalars do.
+fn flatten_array(
+    obj: &Bound<'_, PyAny>,
+    depth: usize,
+    shape: &mut Vec<usize>,
+    values: &mut Vec<Item>,
+) -> PyResult<()> {
+    let imported = super::import(obj, crate::cuda::stream::LEGACY, super::Use::Immediate)?;
+    let dtype = imported.array.dtype();
+    // A contiguous host copy (the copy runs on the stream the import ordered its producer for).
+    let host = ops::copy(&imported.array, dtype, Device::Cpu)?;
+    for (k, &len) in host.shape().iter().enumerate() {
+        enter(depth + k, len, shape, values)?;
+    }
+    if depth + host.ndim() != shape.len() {
+        return Err(Error::invalid("nested sequences have inconsistent depths").into());
+    }
+    for i in 0..host.numel() {
+        // SAFETY: element i of a contiguous host array of `numel` elements of `dtype`.
+        let v = unsafe { read_scalar(dtype, host.data_ptr(), i as isize) };
+        values.push((v, Some(dtype)));
+    }
+    Ok(())
+}
+
+/// Enters dimension `depth` of length `len`: the first time that depth is met (before any value,
+/// else depths are inconsistent) it joins `shape`; later it must have the same length.
+fn enter(depth: usize, len: usize, shape: &mut Vec<usize>, values: &[Item]) -> PyResult<()> {
     if depth >= crate::layout::MAX_NDIM {
         return Err(Error::invalid(format!(
             "sequence nesting is deeper than the {} dimensions cubridge supports",
@@ -246,9 +321,6 @@ fn flatten(
         ))
         .into());
     }
-    // What iteration yields is what counts: a sequence's __len__ may disagree with it.
-    let items = obj.try_iter()?.collect::<PyResult<Vec<_>>>()?;
-    let len = items.len();
     if depth == shape.len() {
         if !values.is_empty() {
             return Err(Error::invalid("nested sequences have inconsistent depths").into());
@@ -261,8 +333,16 @@ fn flatten(
         ))
         .into());
     }
-    for item in &items {
-        flatten(item, depth + 1, shape, values)?;
-    }
     Ok(())
+}
+
+/// Whether `asarray` reads `obj` as a sequence of values when no array protocol describes it:
+/// any Python sequence (`range`, `collections.deque`, ...) but text.
+pub fn is_sequence(obj: &Bound<'_, PyAny>) -> bool {
+    !is_text(obj) && obj.cast::<PySequence>().is_ok()
+}
+
+/// A str or bytes: a sequence, but of characters, not numbers.
+fn is_text(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>()
 }
