@@ -3,7 +3,6 @@
 //! NVRTC's code with the CUDA device runtime (`libcudadevrt.a`, from the toolkit or the `nvidia`
 //! pip packages) into the cubin that is loaded, and that [`super::disk_cache`] keeps.
 
-use super::nvrtc::Target;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
@@ -27,11 +26,10 @@ pub fn needs_link(options: &[String]) -> bool {
     relocatable
 }
 
-/// Where the device runtime is looked for: the folders NVRTC is looked for in (the pip
-/// packages' and the toolkit's), and the CUDA runtime pip packages beside the first ones
+/// Where the device runtime is looked for: `dirs` (the folders NVRTC is looked for in, the
+/// pip packages' and the toolkit's), and the CUDA runtime pip packages beside them
 /// (`nvidia/cuda_runtime/lib`, `nvidia/cuda_cudart/lib`).
-fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs = super::nvrtc::candidate_dirs();
+fn search_dirs(mut dirs: Vec<PathBuf>) -> Vec<PathBuf> {
     let beside: Vec<PathBuf> = dirs
         .iter()
         .filter_map(|d| d.parent()?.parent())
@@ -78,10 +76,16 @@ impl Drop for Linker {
 /// Bytes of the linker's error log.
 const LOG: usize = 8 << 10;
 
-/// `image` (NVRTC's relocatable code for `target`, of program `name`) linked with the device
-/// runtime into a cubin for the current context's device. A context must be current.
-pub fn link(image: &[u8], target: Target, name: &str) -> Result<Vec<u8>> {
-    let devrt = find_device_runtime(&search_dirs())?;
+/// `image` (NVRTC's relocatable code of program `name`, a cubin or PTX as `input` says) linked
+/// with the device runtime, looked for in and beside `dirs`, into a cubin for the current
+/// context's device. A context must be current.
+pub fn link(
+    image: &[u8],
+    input: sys::CUjitInputType,
+    name: &str,
+    dirs: Vec<PathBuf>,
+) -> Result<Vec<u8>> {
+    let devrt = find_device_runtime(&search_dirs(dirs))?;
     let library = CString::new(devrt.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::invalid("a NUL in the device runtime's path"))?;
     let file = CString::new(format!("{name}.cu")).map_err(|_| Error::invalid("a NUL in a name"))?;
@@ -103,7 +107,7 @@ pub fn link(image: &[u8], target: Target, name: &str) -> Result<Vec<u8>> {
     let linked = match created {
         sys::CUresult::CUDA_SUCCESS => {
             let linker = Linker(state);
-            run(&linker, (image, target, &file), &library)
+            run(&linker, (image, input, &file), &library)
         }
         code => Err((code, "starting the link")),
     };
@@ -121,20 +125,16 @@ pub fn link(image: &[u8], target: Target, name: &str) -> Result<Vec<u8>> {
     })
 }
 
-/// Adds `image` (of `target`, named `file`) and the device runtime `library` to a link, and
+/// Adds `image` (of `input`'s kind, named `file`) and the device runtime `library` to a link, and
 /// completes it: the cubin, or the failed call's code and what it did.
 fn run(
     linker: &Linker,
-    (image, target, file): (&[u8], Target, &CString),
+    (image, input, file): (&[u8], sys::CUjitInputType, &CString),
     library: &CString,
 ) -> std::result::Result<Vec<u8>, (sys::CUresult, &'static str)> {
     let ok = |code, step| match code {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
         code => Err((code, step)),
-    };
-    let input = match target {
-        Target::Cubin(_) => sys::CUjitInputType::CU_JIT_INPUT_CUBIN,
-        Target::Ptx(_) => sys::CUjitInputType::CU_JIT_INPUT_PTX,
     };
     // No options for either input.
     let (no, none) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -202,7 +202,12 @@ mod tests {
         let source = "extern \"C\" __global__ void child(float* y) { y[threadIdx.x] += 1; }\n\
                       extern \"C\" __global__ void parent(float* y) { child<<<1, 32>>>(y); }\n";
         let compile = |options: &[&str]| {
-            super::super::nvrtc::compile_for(source, "parent", Target::Cubin(80), &opts(options))
+            super::super::nvrtc::compile_for(
+                source,
+                "parent",
+                super::super::nvrtc::Target::Cubin(80),
+                &opts(options),
+            )
         };
         for option in [
             "-rdc=true",

@@ -239,7 +239,11 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
     let target = target_for(arch)?;
     let mut image = compile_for(source, name, target, extra)?;
     if super::link::needs_link(extra) {
-        image = super::link::link(&image, target, name)?;
+        let input = match target {
+            Target::Cubin(_) => cudarc::driver::sys::CUjitInputType::CU_JIT_INPUT_CUBIN,
+            Target::Ptx(_) => cudarc::driver::sys::CUjitInputType::CU_JIT_INPUT_PTX,
+        };
+        image = super::link::link(&image, input, name, candidate_dirs())?;
     }
     if let Some(entry) = cache_entry(source, extra, arch) {
         entry.write(&image);
