@@ -2,7 +2,7 @@
 //! cubridge allocated or a foreign tensor it borrows (a *view*, whose producer the buffer keeps
 //! alive). Both are the same type so every operation accepts either.
 
-use crate::cuda::memory::CudaAlloc;
+use crate::cuda::shared::{services, Memory, Need};
 use crate::cuda::stream::{Event, Stream, LEGACY};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -66,16 +66,33 @@ impl Array {
 
     /// A new C-contiguous CUDA device array for a graph being captured on device `ordinal`:
     /// memory from outside the pool, ready for any stream, with no pending write (see
-    /// [`CudaAlloc::device_outside_pool`]).
+    /// [`crate::cuda::memory::CudaAlloc::device_outside_pool`]).
     pub fn empty_for_capture(shape: &[usize], dtype: DType, ordinal: u32) -> Result<Array> {
-        let device = Device::Cuda(ordinal);
-        if let Some(runtime) = crate::runtime::shared() {
-            return runtime.allocate(shape, dtype, device, LEGACY, (false, true));
-        }
+        Self::over_cuda_memory(shape, dtype, Device::Cuda(ordinal), LEGACY, (false, true))
+    }
+
+    /// A C-contiguous array of `shape` over CUDA memory from the process's services (see
+    /// [`crate::cuda::shared`]) for work on `stream`, zeroed and for a capture as asked.
+    fn over_cuda_memory(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        stream: Stream,
+        (zeroed, capture): (bool, bool),
+    ) -> Result<Array> {
+        crate::cuda::require(device)?;
         Self::over_new_storage(shape, dtype, device, |bytes| {
-            Ok(Storage::Cuda(CudaAlloc::device_outside_pool(
-                bytes, ordinal,
-            )?))
+            let need = Need {
+                bytes,
+                device,
+                stream,
+                zeroed,
+                capture,
+            };
+            Ok(match (services().allocate)(&need)? {
+                Memory::Own(alloc) => Storage::Cuda(alloc),
+                Memory::Relayed(relayed) => Storage::Relayed(relayed),
+            })
         })
     }
 
@@ -100,7 +117,7 @@ impl Array {
 
     /// A new C-contiguous array on `device`, zeroed if `zeroed`, for work on `stream`, the
     /// allocation recorded as that stream's pending write. CUDA memory comes from the process's
-    /// runtime where this copy of cubridge hands its work to one (see [`crate::runtime`]).
+    /// services (see [`crate::cuda::shared`]).
     pub(crate) fn allocate(
         shape: &[usize],
         dtype: DType,
@@ -126,27 +143,12 @@ impl Array {
         zeroed: bool,
         stream: Stream,
     ) -> Result<Array> {
-        Ok(match crate::runtime::shared() {
-            Some(runtime) if device != Device::Cpu => {
-                runtime.allocate(shape, dtype, device, stream, (zeroed, false))?
-            }
-            _ => {
-                if device != Device::Cpu {
-                    crate::cuda::require(device)?;
-                }
-                Self::over_new_storage(shape, dtype, device, |bytes| {
-                    Ok(match device {
-                        Device::Cpu => Storage::Host(HostAlloc::new(bytes, zeroed)?),
-                        Device::Cuda(n) => {
-                            Storage::Cuda(CudaAlloc::device(bytes, n, stream, zeroed)?)
-                        }
-                        Device::CudaHost | Device::CudaManaged => {
-                            Storage::Cuda(CudaAlloc::host_visible(bytes, device, zeroed)?)
-                        }
-                    })
-                })?
-            }
-        })
+        match device {
+            Device::Cpu => Self::over_new_storage(shape, dtype, device, |bytes| {
+                Ok(Storage::Host(HostAlloc::new(bytes, zeroed)?))
+            }),
+            _ => Self::over_cuda_memory(shape, dtype, device, stream, (zeroed, false)),
+        }
     }
 
     /// Keeps the memory of `arrays` valid until the work queued so far on `stream` of device
@@ -165,7 +167,7 @@ impl Array {
             .map(|a| a.as_ref().buffer.clone() as crate::cuda::release::KeepAlive)
             .collect();
         if !held.is_empty() {
-            crate::cuda::release::keep_alive_until(event, held, stream, ordinal);
+            (services().keep_alive)(event, held, stream, ordinal);
         }
     }
 

@@ -79,7 +79,7 @@ pub enum Error {
         log: String,
     },
     /// A cubridge runtime this build cannot use: the `cubridge` module's runtime table has
-    /// another layout (maps to `ImportError`; see [`crate::runtime`]).
+    /// another layout (maps to `ImportError`; see [`crate::cuda::shared`]).
     Incompatible(String),
     /// An error of the process's runtime (the `cubridge` module's), relayed to an extension
     /// crate's copy of cubridge: its kind, its driver or NVRTC result code, and its message.

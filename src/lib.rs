@@ -16,7 +16,6 @@ pub mod error;
 pub mod export;
 pub mod layout;
 pub mod ops;
-pub mod runtime;
 pub mod storage;
 pub mod view;
 

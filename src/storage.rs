@@ -80,6 +80,9 @@ pub enum Storage {
     Host(HostAlloc),
     /// CUDA memory: device (from the device's pool), pinned host, or managed.
     Cuda(crate::cuda::memory::CudaAlloc),
+    /// CUDA memory that the process's runtime allocated for this copy of cubridge (an extension
+    /// crate's) and frees after the uses handed to it (see [`crate::cuda::shared`]).
+    Relayed(crate::cuda::shared::Relayed),
 }
 
 /// What keeps a buffer's memory valid.
@@ -140,6 +143,7 @@ impl Buffer {
         let ptr = match &storage {
             Storage::Host(alloc) => alloc.as_ptr(),
             Storage::Cuda(alloc) => alloc.as_ptr(),
+            Storage::Relayed(relayed) => relayed.as_ptr(),
         };
         Buffer {
             ptr,
@@ -208,7 +212,7 @@ impl Buffer {
     fn follows_consumers(&self) -> bool {
         matches!(
             self.owner,
-            Owner::Storage(Storage::Cuda(_)) | Owner::Foreign(_)
+            Owner::Storage(Storage::Cuda(_) | Storage::Relayed(_)) | Owner::Foreign(_)
         )
     }
 
@@ -236,8 +240,13 @@ impl Buffer {
     /// Whether this memory's free is queued in stream order after its recorded uses (a pooled
     /// device block of cubridge's), so that a kernel using it need not hold it alive.
     fn frees_in_stream_order(&self) -> bool {
-        matches!(&self.owner, Owner::Storage(Storage::Cuda(alloc))
-            if matches!(alloc.kind(), crate::cuda::memory::MemoryKind::Device { pooled: true, .. }))
+        use crate::cuda::memory::MemoryKind;
+        let kind = match &self.owner {
+            Owner::Storage(Storage::Cuda(alloc)) => alloc.kind(),
+            Owner::Storage(Storage::Relayed(relayed)) => relayed.kind(),
+            _ => return false,
+        };
+        matches!(kind, MemoryKind::Device { pooled: true, .. })
     }
 
     /// Records that a kernel of cubridge's uses this memory on `stream`, with `event` after it
@@ -300,7 +309,7 @@ fn release_after(held: Box<dyn Any + Send + Sync>, consumers: &Consumers) {
     };
     let held: crate::cuda::release::KeepAlive = Arc::new(held);
     for (stream, event) in events {
-        crate::cuda::release::keep_alive_until(event, vec![held.clone()], stream, ordinal);
+        (crate::cuda::shared::services().keep_alive)(event, vec![held.clone()], stream, ordinal);
     }
 }
 
@@ -313,21 +322,23 @@ impl Drop for Buffer {
             }
             return;
         }
+        let write = self
+            .last_write
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let consumers = std::mem::take(self.consumers.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let uses = crate::cuda::free::Uses {
+            write,
+            kernels: consumers.kernels,
+            streams: consumers.streams,
+            unknown: consumers.unknown,
+        };
         // The allocation frees itself as it drops, after the uses handed to it here.
-        if let Owner::Storage(Storage::Cuda(alloc)) = &mut self.owner {
-            let write = self
-                .last_write
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
-            let consumers =
-                std::mem::take(self.consumers.get_mut().unwrap_or_else(|p| p.into_inner()));
-            alloc.set_uses(crate::cuda::free::Uses {
-                write,
-                kernels: consumers.kernels,
-                streams: consumers.streams,
-                unknown: consumers.unknown,
-            });
+        match &mut self.owner {
+            Owner::Storage(Storage::Cuda(alloc)) => alloc.set_uses(uses),
+            Owner::Storage(Storage::Relayed(relayed)) => relayed.set_uses(uses),
+            _ => {}
         }
     }
 }

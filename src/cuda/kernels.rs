@@ -108,13 +108,9 @@ fn arch(ordinal: u32) -> Result<u32> {
 /// build where there is one for the device (see [`super::shipped`]), else the disk cache's
 /// (see [`super::disk_cache`]), else NVRTC's. A shipped or cached image that the driver refuses
 /// (an older driver, say) is passed over for a compile; a refused cache entry is discarded.
-/// Where this copy of cubridge hands its work to the process's runtime (see
-/// [`crate::runtime`]), that runtime loads it.
+/// (Callers reach this through [`super::shared::program`], which hands it to the process's
+/// runtime where this copy of cubridge adopted one.)
 fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
-    if let Some(runtime) = crate::runtime::shared() {
-        // The process's runtime loads it, from its caches: one compile per process.
-        return Ok(runtime.program(ordinal, program)?.leak());
-    }
     context::bind(ordinal)?;
     let arch = arch(ordinal)?;
     let load_image = |image: &[u8]| {

@@ -12,6 +12,7 @@ pub mod link;
 pub mod memory;
 pub mod nvrtc;
 pub mod release;
+pub mod shared;
 pub mod shipped;
 pub mod stream;
 

@@ -82,27 +82,6 @@ fn queue() -> MutexGuard<'static, Queue> {
     crate::lock(&QUEUE)
 }
 
-/// Keeps `buffers` alive until `event` (recorded on `stream` of device `ordinal`, after the
-/// kernel that uses them; `None` only for the legacy default stream, see the module) has
-/// happened. Never blocks on the device and calls no driver function;
-/// drops the buffers of earlier kernels that the releaser found finished.
-pub fn keep_alive_until(
-    event: Option<Arc<Event>>,
-    buffers: Vec<KeepAlive>,
-    stream: Stream,
-    ordinal: u32,
-) {
-    let buffers = match crate::runtime::shared() {
-        // The process's runtime holds them (with an event of its own after the same work).
-        Some(runtime) => match runtime.keep_alive(buffers, stream, ordinal) {
-            Ok(()) => return,
-            Err(buffers) => buffers,
-        },
-        None => buffers,
-    };
-    keep_here(event, buffers, stream, ordinal);
-}
-
 /// Starts this copy's releaser thread, once.
 pub(super) fn start() {
     static START: Once = Once::new();
@@ -139,8 +118,16 @@ pub(super) fn adopt(buffers: Vec<KeepAlive>, ordinal: u32) {
     }
 }
 
-/// [`keep_alive_until`] in this copy's own releaser.
-fn keep_here(event: Option<Arc<Event>>, buffers: Vec<KeepAlive>, stream: Stream, ordinal: u32) {
+/// Keeps `buffers` alive until `event` (recorded on `stream` of device `ordinal`, after the
+/// kernel that uses them; `None` only for the legacy default stream, see the module) has
+/// happened. Never blocks on the device and calls no driver function;
+/// drops the buffers of earlier kernels that the releaser found finished.
+pub fn keep_alive_until(
+    event: Option<Arc<Event>>,
+    buffers: Vec<KeepAlive>,
+    stream: Stream,
+    ordinal: u32,
+) {
     start();
     let entry = Pending {
         event,

@@ -137,7 +137,7 @@ impl Event {
     }
 
     /// An event of device `ordinal` that `owner` keeps alive (another copy of cubridge lends
-    /// it, see [`crate::runtime`]); it is never recorded again here, only waited for and asked.
+    /// it, see [`super::shared`]); it is never recorded again here, only waited for and asked.
     ///
     /// # Safety
     /// `raw` is a recorded event of device `ordinal` that stays valid, and is not recorded

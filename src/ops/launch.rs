@@ -82,7 +82,7 @@ impl Launch {
         };
         crate::cuda::require(device)?;
         let capture = if cuda_stream::is_capturing(stream, ordinal)? {
-            crate::cuda::free::note_capture(ordinal, stream);
+            (crate::cuda::shared::services().note_capture)(ordinal, stream);
             Some(RelaxedCapture::new())
         } else {
             None

@@ -4,7 +4,7 @@
 //! the kernel has run.
 
 use crate::array::Array;
-use crate::cuda::kernels::{self, Program};
+use crate::cuda::kernels::Program;
 use crate::cuda::launch::{self as cuda_launch, Params};
 use crate::cuda::stream::Stream;
 use crate::device::Device;
@@ -59,7 +59,7 @@ impl RawKernel {
                 return Ok(f);
             }
         }
-        let f = kernels::program(ordinal, &self.program)?[0];
+        let f = crate::cuda::shared::program(ordinal, &self.program)?[0];
         if shared > SHARED_DEFAULT {
             use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX;
             let set = {

@@ -8,7 +8,6 @@ use pyo3::exceptions::{
     PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::PyType;
 use pyo3::PyTypeInfo;
 
 create_exception!(
@@ -52,19 +51,12 @@ impl From<Error> for PyErr {
 }
 
 /// An exception of one of cubridge's own classes. In an extension crate's copy
-/// of cubridge that hands its work to the `cubridge` module (see [`crate::runtime`]), the class
+/// of cubridge that hands its work to the `cubridge` module (see [`super::runtime`]), the class
 /// is the module's, so that `except cubridge.CudaError` catches the extension's errors too.
 fn own<T: PyTypeInfo>(message: String) -> PyErr {
     Python::attach(|py| {
         let local = py.get_type::<T>();
-        let class = match crate::runtime::shared() {
-            Some(_) => py
-                .import("cubridge._cubridge")
-                .and_then(|m| m.getattr(local.name()?))
-                .and_then(|c| Ok(c.cast_into::<PyType>()?))
-                .unwrap_or(local),
-            None => local,
-        };
+        let class = (super::runtime::services().class)(py, local);
         PyErr::from_type(class, message)
     })
 }

@@ -253,43 +253,15 @@ impl AnyArray {
     pub fn stream(&self) -> Option<Stream> {
         self.stream
     }
-
-    pub(crate) fn new(array: Array, stream: Option<Stream>) -> AnyArray {
-        AnyArray { array, stream }
-    }
-
-    /// `obj` imported by this copy of cubridge (the process's runtime, or one without it).
-    pub(crate) fn import_here(obj: &Bound<'_, PyAny>) -> PyResult<AnyArray> {
-        if let Some(e) = exchanged(obj, Use::Kept, &mut Default::default()) {
-            // The table hands over its stream instead of ordering: an event there stands for
-            // the producer's pending work.
-            let array = match e.stream {
-                Some(s) => e.imported.array.written_on(s)?,
-                None => e.imported.array,
-            };
-            return Ok(AnyArray {
-                array,
-                stream: e.stream,
-            });
-        }
-        let imported = import(obj, LEGACY, Use::Kept)?;
-        Ok(AnyArray {
-            array: imported.array,
-            stream: None,
-        })
-    }
 }
 
 impl<'a, 'py> FromPyObject<'a, 'py> for AnyArray {
     type Error = PyErr;
 
-    /// Where this copy of cubridge hands its work to the process's runtime (an extension
-    /// crate's), the runtime imports it.
+    /// Imported by the process's runtime (see [`super::runtime::services`]).
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<AnyArray> {
-        match crate::runtime::shared() {
-            Some(runtime) => super::runtime::relay_import(runtime, &obj),
-            None => AnyArray::import_here(&obj),
-        }
+        let (array, stream) = (super::runtime::services().import)(&obj)?;
+        Ok(AnyArray { array, stream })
     }
 }
 

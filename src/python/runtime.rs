@@ -1,16 +1,17 @@
-//! The Python side of the one runtime per process (see [`crate::runtime`]): the `cubridge`
-//! module publishes its table as the `_runtime` capsule and serves the entries that need the
-//! interpreter (importing an object, wrapping a result as `cubridge.Array`); an extension crate
-//! adopts the table in [`prepare_extension`] and relays its imports and results through it.
+//! The Python side of the one runtime per process (see [`crate::cuda::shared`]): the
+//! `cubridge` module publishes its table as the `_runtime` capsule and serves the entries that
+//! need the interpreter (importing an object, wrapping a result as `cubridge.Array`); an
+//! extension crate adopts the table in [`prepare_extension`], and from then on [`services`]
+//! relays its imports, results and exception classes through it.
 
-use super::operands::AnyArray;
 use super::types::PyArray;
 use crate::array::Array;
-use crate::cuda::stream::Stream;
-use crate::runtime::{give_tensor, take_tensor, ImportReply, Table, Written};
+use crate::cuda::shared::{self, ImportReply, Table, Written};
+use crate::cuda::stream::{Stream, Write};
 use dlpark::ffi::DLManagedTensorVersioned;
+use dlpark::Managed;
 use pyo3::prelude::*;
-use pyo3::types::PyCapsule;
+use pyo3::types::{PyCapsule, PyType};
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
 
@@ -19,6 +20,40 @@ const NAME: &CStr = c"cubridge._cubridge._runtime";
 
 /// The `cubridge` module's table.
 static TABLE: Table = Table::served(serve_import, serve_wrap);
+
+/// A kernel's argument, with its producer's current work stream where it names one.
+pub(crate) type Imported = (Array, Option<Stream>);
+
+/// The services of the Python layer, as this copy reaches them.
+pub(crate) struct Services {
+    /// Imports a kernel's argument.
+    pub import: fn(&Bound<'_, PyAny>) -> PyResult<Imported>,
+    /// A result handed to Python as a `cubridge.Array`.
+    pub wrap: for<'py> fn(Python<'py>, Array) -> PyResult<Bound<'py, PyAny>>,
+    /// The class of cubridge's exceptions to raise for this copy's class `local`.
+    pub class: for<'py> fn(Python<'py>, Bound<'py, PyType>) -> Bound<'py, PyType>,
+}
+
+static LOCAL: Services = Services {
+    import: super::import::kept,
+    wrap: wrap_here,
+    class: |_, local| local,
+};
+
+static RELAYED: Services = Services {
+    import: relay_import,
+    wrap: relay_wrap,
+    class: module_class,
+};
+
+/// The Python layer's services: relayed to the `cubridge` module's runtime once this copy
+/// adopted its table (see [`crate::cuda::shared::services`]), else this copy's own.
+pub(crate) fn services() -> &'static Services {
+    match shared::adopted() {
+        Some(_) => &RELAYED,
+        None => &LOCAL,
+    }
+}
 
 /// Publishes the table in the `cubridge` module.
 pub(crate) fn publish(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -48,9 +83,9 @@ pub fn prepare_extension(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let table =
         PyCapsule::import_pointer(m.py(), NAME).map_err(|e| no_runtime(m.py(), &who, &e))?;
     // SAFETY: the capsule of this name is the `cubridge` module's static table, whose first two
-    // fields are its ABI and version in every release; `adopt` reads the rest only where the
-    // ABI is ours.
-    unsafe { crate::runtime::adopt(table.as_ptr().cast(), &who) }?;
+    // fields are its version and crate version in every release; `adopt` reads the rest only
+    // where the version is this copy's or later, whose tables only append entries.
+    unsafe { shared::adopt(table.as_ptr().cast(), &who) }?;
     Ok(())
 }
 
@@ -62,15 +97,47 @@ fn no_runtime(py: Python<'_>, who: &str, why: &PyErr) -> PyErr {
         .and_then(|c| c.getattr("__version__"))
         .and_then(|v| v.extract::<String>())
         .unwrap_or_else(|_| "unknown".into());
+    let ours = shared::CRATE_VERSION.to_string_lossy();
     crate::error::Error::Incompatible(format!(
-        "{who} was built with cubridge {} (runtime ABI {}), but the installed cubridge module \
-         (version {installed}) serves no runtime for extensions ({why}); install cubridge {} \
-         or rebuild {who} against the installed one",
-        crate::runtime::VERSION.to_string_lossy(),
-        crate::runtime::ABI,
-        crate::runtime::VERSION.to_string_lossy(),
+        "{who} was built with cubridge {ours} (runtime table version {}), but the installed \
+         cubridge module (version {installed}) serves no runtime for extensions ({why}); \
+         install cubridge {ours} or later, or rebuild {who} against the installed one",
+        shared::VERSION,
     ))
     .into()
+}
+
+/// An array over a managed tensor that the other side of the table handed over.
+///
+/// # Safety
+/// `tensor` is a live managed tensor that the caller owns.
+unsafe fn take_tensor(tensor: *mut DLManagedTensorVersioned) -> crate::Result<Array> {
+    // SAFETY: the caller's contract.
+    let managed = unsafe { Managed::from_raw(tensor) }.map_err(|e| {
+        crate::Error::invalid(format!("the cubridge runtime handed over no tensor: {e}"))
+    })?;
+    crate::view::from_managed(managed)
+}
+
+/// A managed tensor over `array` for the other side of the table.
+fn give_tensor(array: &Array) -> crate::Result<*mut DLManagedTensorVersioned> {
+    Ok(crate::export::to_managed::<DLManagedTensorVersioned>(array, false)?.into_raw())
+}
+
+/// `array`, with `write` (lent by the other side of the table) recorded as its last.
+///
+/// # Safety
+/// The write came from [`Written::lend`] for this array's memory.
+unsafe fn with_lent_write(array: Array, write: Written) -> Array {
+    // SAFETY: the caller's contract.
+    match unsafe { write.take(array.device()) } {
+        Some(Write {
+            stream,
+            event: Some(event),
+        }) => array.with_pending(stream, event),
+        Some(Write { event: None, .. }) => array.with_legacy_write(),
+        None => array,
+    }
 }
 
 /// `Table::import`: `obj` as this module takes an extension's argument.
@@ -78,11 +145,11 @@ unsafe extern "C" fn serve_import(obj: *mut c_void, out: *mut ImportReply) -> i3
     Python::attach(|py| {
         // SAFETY: the caller lends a live object for the call.
         let obj = unsafe { Bound::from_borrowed_ptr(py, obj.cast()) };
-        let imported = AnyArray::import_here(&obj).and_then(|a| {
+        let imported = super::import::kept(&obj).and_then(|(array, stream)| {
             Ok(ImportReply {
-                tensor: give_tensor(a.array())?,
-                work_stream: a.stream().map_or(0, |s| s.handle() as usize),
-                write: Written::of(a.array()),
+                tensor: give_tensor(&array)?,
+                work_stream: stream.map_or(0, |s| s.handle() as usize),
+                write: Written::lend(array.buffer().last_write()),
             })
         });
         match imported {
@@ -109,7 +176,7 @@ unsafe extern "C" fn serve_wrap(
         let wrapped = unsafe { take_tensor(tensor) }
             .map_err(PyErr::from)
             // SAFETY: the extension's write of this array's memory, handed over.
-            .map(|array| unsafe { write.record(array) })
+            .map(|array| unsafe { with_lent_write(array, write) })
             .and_then(|array| Bound::new(py, PyArray::new(array)));
         match wrapped {
             Ok(object) => object.into_ptr().cast(),
@@ -121,8 +188,13 @@ unsafe extern "C" fn serve_wrap(
     })
 }
 
+/// The adopted table (the relayed services are chosen only once one is).
+fn table() -> PyResult<&'static Table> {
+    shared::adopted().ok_or_else(|| crate::Error::invalid("no cubridge runtime was adopted").into())
+}
+
 /// An extension's argument, imported by the process's runtime.
-pub(crate) fn relay_import(runtime: &Table, obj: &Bound<'_, PyAny>) -> PyResult<AnyArray> {
+fn relay_import(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
     let mut out = ImportReply {
         tensor: std::ptr::null_mut(),
         work_stream: 0,
@@ -130,32 +202,46 @@ pub(crate) fn relay_import(runtime: &Table, obj: &Bound<'_, PyAny>) -> PyResult<
     };
     // SAFETY: a live object, borrowed for the call, and a valid out-pointer; the interpreter is
     // attached.
-    if unsafe { (runtime.import)(obj.as_ptr().cast(), &mut out) } != 0 {
+    if unsafe { (table()?.import)(obj.as_ptr().cast(), &mut out) } != 0 {
         return Err(PyErr::fetch(obj.py()));
     }
-    // SAFETY: the runtime handed the tensor over.
     // SAFETY: the runtime handed the tensor and its write over.
-    let array = unsafe { out.write.record(take_tensor(out.tensor)?) };
+    let array = unsafe { with_lent_write(take_tensor(out.tensor)?, out.write) };
     let stream = (out.work_stream != 0).then(|| Stream::from_handle(out.work_stream));
-    Ok(AnyArray::new(array, stream))
+    Ok((array, stream))
 }
 
-/// Hands `array` to Python: a `cubridge.Array` of the process's runtime where this copy of
-/// cubridge hands its work to one (an extension crate's), else of this module.
+/// `array` as this module's `cubridge.Array`.
+fn wrap_here(py: Python<'_>, array: Array) -> PyResult<Bound<'_, PyAny>> {
+    Ok(Bound::new(py, PyArray::new(array))?.into_any())
+}
+
+/// `array` as a `cubridge.Array` of the process's runtime.
+fn relay_wrap(py: Python<'_>, array: Array) -> PyResult<Bound<'_, PyAny>> {
+    let write = Written::lend(array.buffer().last_write());
+    let tensor = give_tensor(&array)?;
+    // SAFETY: the tensor is handed over; the interpreter is attached.
+    let object = unsafe { (table()?.wrap)(tensor, write) };
+    // SAFETY: a new reference, or null with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, object.cast()) }
+}
+
+/// The `cubridge` module's class of the same name as `local`, so that `except
+/// cubridge.CudaError` catches an extension's errors too.
+fn module_class<'py>(py: Python<'py>, local: Bound<'py, PyType>) -> Bound<'py, PyType> {
+    py.import("cubridge._cubridge")
+        .and_then(|m| m.getattr(local.name()?))
+        .and_then(|c| Ok(c.cast_into::<PyType>()?))
+        .unwrap_or(local)
+}
+
+/// Hands `array` to Python as a `cubridge.Array` (of the process's runtime).
 impl<'py> IntoPyObject<'py> for Array {
     type Target = PyAny;
     type Output = Bound<'py, PyAny>;
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let Some(runtime) = crate::runtime::shared() else {
-            return Ok(Bound::new(py, PyArray::new(self))?.into_any());
-        };
-        let write = Written::of(&self);
-        let tensor = give_tensor(&self)?;
-        // SAFETY: the tensor is handed over; the interpreter is attached.
-        let object = unsafe { (runtime.wrap)(tensor, write) };
-        // SAFETY: a new reference, or null with an exception set.
-        unsafe { Bound::from_owned_ptr_or_err(py, object.cast()) }
+        (services().wrap)(py, self)
     }
 }

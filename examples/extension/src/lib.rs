@@ -5,7 +5,8 @@
 //! crate's copy of cubridge hands its allocations, kernel loads and results to the `cubridge`
 //! module's runtime.
 
-use cubridge::cuda::kernels::{program, Program};
+use cubridge::cuda::kernels::Program;
+use cubridge::cuda::shared::program;
 use cubridge::cuda::launch::{launch, Params, BLOCK};
 use cubridge::cuda::stream::Stream;
 use cubridge::ops::launch::Launch;

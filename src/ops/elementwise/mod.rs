@@ -13,7 +13,7 @@ pub mod source;
 pub mod spec;
 
 use crate::array::Array;
-use crate::cuda::kernels::{self, Index};
+use crate::cuda::kernels::Index;
 use crate::cuda::stream::Stream;
 use crate::cuda::sys;
 use crate::device::Device;
@@ -317,7 +317,7 @@ impl ElementwiseKernel {
                     .ok_or_else(|| {
                         Error::invalid("internal: a tiled plan without a tiled kernel")
                     })?;
-            let f = kernels::program(ordinal, &program)?[0];
+            let f = crate::cuda::shared::program(ordinal, &program)?[0];
             let mut map = crate::lock(&self.loaded);
             let entry = map.entry(key.clone()).or_default();
             entry[k] = f;

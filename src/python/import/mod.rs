@@ -80,6 +80,23 @@ pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
     Ok(imported)
 }
 
+/// `obj` as a kernel's argument that the caller keeps, imported by this copy of cubridge, with
+/// the producer's current work stream where it names one (the DLPack exchange table hands over
+/// its stream instead of ordering: an event there stands for the producer's pending work).
+pub fn kept(obj: &Bound<'_, PyAny>) -> PyResult<(Array, Option<Stream>)> {
+    if let Some(e) = exchanged(obj, Use::Kept, &mut Default::default()) {
+        let array = match e.stream {
+            Some(s) => e.imported.array.written_on(s)?,
+            None => e.imported.array,
+        };
+        return Ok((array, e.stream));
+    }
+    Ok((
+        import(obj, crate::cuda::stream::LEGACY, Use::Kept)?.array,
+        None,
+    ))
+}
+
 /// Whether cubridge must not write `obj`'s memory: a tensor that requires grad (a write would
 /// hide from autograd), or a JAX array (immutable: other arrays may share its buffer).
 fn forbids_writes(obj: &Bound<'_, PyAny>, facts: TypeFacts) -> bool {
