@@ -59,7 +59,8 @@ test-example: build $(VENV)/.test-deps
 	$(BIN)/python -m pytest examples/extension/tests -q
 
 ## lint: formatting and lints that must pass before a commit (CI runs it before the tests):
-## Rust format and clippy, ruff's lints and format check, and the stubs against the extension
+## Rust format and clippy, ruff's lints and format check, the stubs against the extension, and
+## no import circle among src/'s modules beyond the two small pairs inside cuda/
 lint: build $(VENV)/.lint-deps
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
@@ -70,6 +71,7 @@ lint: build $(VENV)/.lint-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy.stubtest cubridge._cubridge --allowlist stubtest-allowlist.txt
+	$(BIN)/python tools/module_cycles.py --allow 'cuda::free<->cuda::memory' 'cuda::kernels<->cuda::shipped'
 
 format: $(VENV)/.lint-deps
 	cargo fmt --all
