@@ -92,16 +92,17 @@ def test_cupy_and_cubridge_arrays():
         ext.scaled_add(x, Y, 1.0)
 
 
-def test_another_runtime_abi_is_an_import_error_naming_both_versions():
-    # The extension reads the table's ABI and version (its first two fields in every release)
-    # before anything else: in a child process, the module's capsule is replaced by one whose
-    # table says ABI 999, version 9.9.9, and importing the extension is refused.
+def test_an_older_runtime_is_an_import_error_naming_both_versions():
+    # The extension reads the table's version and crate version (its first two fields in every
+    # release) before anything else: in a child process, the module's capsule is replaced by
+    # one whose table says version 1, crate 0.0.9 (older than the extension was built for), and
+    # importing the extension is refused.
     code = """
 import ctypes
 import cubridge._cubridge as m
 class Head(ctypes.Structure):
-    _fields_ = [("abi", ctypes.c_uint32), ("version", ctypes.c_char_p)]
-head = Head(999, b"9.9.9")
+    _fields_ = [("version", ctypes.c_uint32), ("crate", ctypes.c_char_p)]
+head = Head(1, b"0.0.9")
 name = b"cubridge._cubridge._runtime"
 new = ctypes.pythonapi.PyCapsule_New
 new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
@@ -113,8 +114,39 @@ except ImportError as e:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "refused:" in out.stdout, out.stdout + out.stderr
-    assert f"cubridge {cb.__version__} (runtime ABI 1)" in out.stdout
-    assert "9.9.9 (runtime ABI 999)" in out.stdout and "cubridge_example" in out.stdout
+    assert f"cubridge {cb.__version__} (runtime table version 2)" in out.stdout
+    assert "0.0.9 (runtime table version 1)" in out.stdout and "cubridge_example" in out.stdout
+
+
+def test_a_newer_runtime_with_one_entry_more_serves_the_extension():
+    # Tables only append entries: in a child process the module's table is copied into one of
+    # the next version with one entry more at its end, published in its place, and the
+    # extension, built against the current table, imports and computes through it.
+    code = """
+import ctypes
+import numpy as np
+import cubridge._cubridge as m
+get = ctypes.pythonapi.PyCapsule_GetPointer
+get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+name = b"cubridge._cubridge._runtime"
+old = get(m._runtime, name)
+head = ctypes.cast(old, ctypes.POINTER(ctypes.c_uint32))
+size = ctypes.cast(old + 16, ctypes.POINTER(ctypes.c_size_t))[0]
+table = ctypes.create_string_buffer(size + 8)
+ctypes.memmove(table, old, size)
+ctypes.cast(table, ctypes.POINTER(ctypes.c_uint32))[0] = head[0] + 1
+ctypes.cast(ctypes.addressof(table) + 16, ctypes.POINTER(ctypes.c_size_t))[0] = size + 8
+new = ctypes.pythonapi.PyCapsule_New
+new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+m._runtime = new(ctypes.addressof(table), name, None)
+m._kept_table = table
+import cubridge_example
+x = np.arange(8, dtype=np.float32)
+print("result:", np.from_dlpack(cubridge_example.scaled_add(x, x, 2.0)).tolist())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "result: " + str([3.0 * v for v in range(8)]) in out.stdout
 
 
 @pytest.mark.parametrize("replacement", ["del m._runtime", "m._runtime = 'not a capsule'"])
@@ -131,7 +163,7 @@ except ImportError as e:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "refused:" in out.stdout, out.stdout + out.stderr
-    assert f"built with cubridge {cb.__version__} (runtime ABI 1)" in out.stdout
+    assert f"built with cubridge {cb.__version__} (runtime table version 2)" in out.stdout
     assert f"(version {cb.__version__})" in out.stdout and "cubridge_example" in out.stdout
 
 
