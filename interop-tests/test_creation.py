@@ -1,5 +1,5 @@
 """Creation functions against numpy: arange's dtype, length and values for every kind of bound
-and dtype, and its errors."""
+and dtype, and its errors; the dtype full and arange infer from their values."""
 
 import math
 
@@ -149,3 +149,47 @@ def test_arange_lengths_and_errors_are_numpys():
             np.arange(*args, dtype=dtype)
         with pytest.raises(error):
             cb.arange(*args, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("args", "dtype"),
+    [
+        ((2**53, 2**53 + 4), "int64"),
+        ((10**17, 10**17 + 5), None),
+        ((2**63 - 3, 2**63), "int64"),
+        ((2**64 - 3, 2**64), "uint64"),
+        ((2**64 - 1, 2**64 - 10, -3), "uint64"),
+        ((-(2**63), -(2**63) + 6, 2), "int64"),
+    ],
+)
+def test_integer_ranges_are_exact(args, dtype):
+    """arange computed integers in float64: values near 2^53 repeated, and ranges near 10^17,
+    2^63 or 2^64 came back empty."""
+    got = cb.arange(*args, dtype=dtype).to_numpy()
+    want = np.array(list(range(*args)), dtype=dtype or "int64")  # Python's exact range
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    assert len(set(got.tolist())) == len(got) > 0
+
+
+def test_creation_infers_the_dtype_of_the_value():
+    """full(3, 5), full(3, True) and arange(5) gave float32; full(3, 1j) and
+    full(3, np.float64(2.5)) were TypeErrors."""
+    cases = [
+        (cb.full(3, 5), "int64", np.full(3, 5)),
+        (cb.full(3, True), "bool", np.full(3, True)),
+        (cb.full(3, 1j), "complex64", np.full(3, 1j, np.complex64)),
+        (cb.full(3, np.float64(2.5)), "float64", np.full(3, 2.5)),
+        (cb.full(2, np.int16(-3)), "int16", np.full(2, -3, np.int16)),
+        (cb.full(2, 2**64 - 1), "uint64", np.full(2, 2**64 - 1, np.uint64)),
+        (cb.arange(5), "int64", np.arange(5)),
+        (cb.arange(np.int64(2), 7, 2), "int64", np.arange(2, 7, 2)),
+        (cb.arange(0.5, 3), "float32", np.arange(0.5, 3, dtype=np.float32)),
+        (cb.arange(3, dtype="float64"), "float64", np.arange(3.0)),
+    ]
+    for got, dtype, want in cases:
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got.to_numpy(), want)
+    # A float fill value into an integer dtype stays refused (as documented for full).
+    with pytest.raises(TypeError):
+        cb.full(2, 1.5, dtype="int32")

@@ -5,6 +5,7 @@ GPU is present. Every value is compared with numpy (host copies) or torch."""
 import gc
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from conftest import (
     NUMPY_DTYPES,
     _try_import,
     float_values,
+    jax,
     rounded,
     run_child,
     sample,
@@ -1217,3 +1219,186 @@ def test_the_gil_is_released_while_waiting_on_the_gpu(wait):
     assert ticks > 100, f"only {ticks} ticks while {wait} waited on the GPU"
     np.testing.assert_array_equal(r.to_numpy(), np.full(1024, 2.0, np.float32))
     del warm, warm2
+
+
+# ---- the kernel disk cache checks what it loads -------------------------------------------------
+
+
+_CACHE_CHILD = """
+import cubridge as cb, torch
+k = cb.ElementwiseKernel("T x", "T z", "z = x * (T)3 + (T)1", "cache_probe")
+x = torch.arange(8, dtype=torch.float32, device="cuda")
+print(torch.from_dlpack(k(x)).tolist())
+"""
+_CACHE_WANT = str([3.0 * i + 1 for i in range(8)])
+
+
+def _entries(folder):
+    return sorted(p for p in folder.iterdir() if p.suffix == ".bin")
+
+
+def _fnv_words(data):
+    """The disk cache's checksum (64-bit FNV-1a over little-endian words, then the tail)."""
+    h, prime, mask = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
+    cut = len(data) // 8 * 8
+    for (w,) in struct.iter_unpack("<Q", data[:cut]):
+        h = ((h ^ w) * prime) & mask
+    for b in data[cut:]:
+        h = ((h ^ b) * prime) & mask
+    return h
+
+
+HEADER = 8 + 4 + 4 + 4 + 4 + 16 + 8 + 8
+
+
+def _damage(kind, data):
+    if kind == "truncated":
+        return data[: len(data) // 2]
+    if kind == "zeroed":
+        return bytes(len(data))
+    if kind == "empty":
+        return b""
+    if kind == "garbage":
+        return os.urandom(len(data))
+    if kind == "wrong architecture":
+        # An intact entry that says it was made for another architecture.
+        return data[:12] + struct.pack("<I", 80) + data[16:]
+    if kind == "refused image":
+        # A header that checks out over an image the driver cannot load.
+        image = os.urandom(4096)
+        head = data[: HEADER - 16] + struct.pack("<QQ", len(image), _fnv_words(image))
+        return head + image
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind", ["truncated", "zeroed", "empty", "garbage", "wrong architecture", "refused image"]
+)
+def test_damaged_cache_entries_are_discarded_and_recompiled(kind, tmp_path):
+    """A truncated, zeroed or garbage entry gave CUDA_ERROR_INVALID_IMAGE on every later run
+    until the user deleted it, and an empty one killed the process with SIGSEGV. Now each is
+    discarded with one warning, the kernel compiled again and the answer right, and the entry
+    written anew is then used without a warning."""
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
+    assert run_child(_CACHE_CHILD, env).stdout.strip() == _CACHE_WANT
+    (entry,) = _entries(tmp_path)
+    good = entry.read_bytes()
+    entry.write_bytes(_damage(kind, good))
+    again = run_child(_CACHE_CHILD, env)
+    assert again.stdout.strip() == _CACHE_WANT
+    assert again.stderr.count("discarded the damaged kernel cache entry") == 1, again.stderr
+    (rewritten,) = _entries(tmp_path)
+    assert rewritten.read_bytes()[: HEADER - 16] == good[: HEADER - 16]
+    third = run_child(_CACHE_CHILD, env)
+    assert third.stdout.strip() == _CACHE_WANT and "discarded" not in third.stderr
+
+
+def test_entries_name_the_nvrtc_that_made_them(tmp_path):
+    """The key left out the NVRTC version: an image another toolkit's NVRTC wrote was loaded.
+    An entry is named for its NVRTC, and one of another version is not read."""
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
+    run_child(_CACHE_CHILD, env)
+    (entry,) = _entries(tmp_path)
+    assert entry.name.split(".")[1].startswith("nvrtc"), entry.name
+    major, minor = torch.cuda.get_device_capability()
+    assert entry.name.endswith(f".{major}{minor}.bin")
+    # The same image under another NVRTC version's name is another entry: compiled anew.
+    other = tmp_path / entry.name.replace(".nvrtc", ".nvrtc9", 1)
+    entry.rename(other)
+    run_child(_CACHE_CHILD, env)
+    assert len(_entries(tmp_path)) == 2
+
+
+def test_processes_compiling_one_kernel_at_once_share_one_good_entry(tmp_path):
+    """Concurrent writers: eight processes compile the same kernel into an empty cache at once;
+    all answer right, one entry remains, no temporary file is left, and a ninth process loads
+    the entry without compiling (its file is not rewritten)."""
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CACHE_CHILD], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(8)
+    ]
+    outs = [p.communicate()[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs == [_CACHE_WANT] * 8
+    assert [p.suffix for p in tmp_path.iterdir()] == [".bin"]
+    (entry,) = _entries(tmp_path)
+    stamp = entry.stat().st_mtime_ns
+    last = run_child(_CACHE_CHILD, env)
+    assert last.stdout.strip() == _CACHE_WANT and "discarded" not in last.stderr
+    assert entry.stat().st_mtime_ns == stamp
+
+
+# ---- memory its producer forbids writing, on the device -----------------------------------------
+
+
+def _jax_gpu():
+    try:
+        return jax.devices("gpu")[0] if jax is not None else None
+    except RuntimeError:
+        return None
+
+
+def test_jax_device_arrays_are_not_written():
+    """The same for JAX arrays on the GPU, through DLPack and the CUDA array interface."""
+    gpu = _jax_gpu()
+    if gpu is None:
+        pytest.skip("jax has no GPU backend here")
+    a = jax.device_put(np.arange(4, dtype=np.float32), gpu)
+    with pytest.raises(ValueError, match="immutable"):
+        cb.add(torch.ones(4, device="cuda"), 1.0, out=a)
+    for imported in (cb.asarray(a), cb.from_dlpack(a)):
+        assert imported.readonly
+        with pytest.raises(ValueError, match="read-only"):
+            cb.add(imported, 1.0, out=imported)
+    np.testing.assert_array_equal(np.asarray(a), [0, 1, 2, 3])
+    np.testing.assert_array_equal(cb.add(a, a).to_numpy(), [0, 2, 4, 6])
+
+
+def test_device_tensors_that_require_grad_on_every_path():
+    """The same on the GPU, through the exchange table (from_dlpack, asarray), the CUDA array
+    interface, a users' kernel's output and a raw kernel's argument."""
+    x = torch.nn.Parameter(torch.ones(8, device="cuda"))
+    for imported in (cb.from_dlpack(x), cb.asarray(x)):
+        assert imported.readonly
+        with pytest.raises(ValueError, match="read-only"):
+            cb.add(imported, 1.0, out=imported)
+    k = cb.ElementwiseKernel("T x", "T z", "z = x", "grad_out")
+    with pytest.raises(BufferError, match="requires grad"):
+        k(torch.ones(8, device="cuda"), out=x)
+    r = cb.RawKernel('extern "C" __global__ void f(float* x) {}', "f")
+    with pytest.raises(ValueError, match="read-only"):
+        r(1, 1, (x,))
+    torch.cuda.synchronize()
+    assert (x.detach() == 1).all()
+
+
+# ---- a DLPack copy is ordered before its consumer's reads ---------------------------------------
+
+
+def test_dlpack_copy_is_ordered_before_the_consumer_stream():
+    """`__dlpack__(stream=s, copy=True)` ordered neither the consumer's stream after the copy
+    nor recorded its use. With the producer's write still queued behind 0.2 s and the consumer
+    reading on a busy side stream of its own, it must read the written values; so must a
+    consumer of a copy to the host (`dl_device`)."""
+    cycles = int(0.2 * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    writer, reader = torch.cuda.Stream(), torch.cuda.Stream()
+    src = torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(writer):
+        torch.cuda._sleep(cycles)
+        a = cb.add(src, 5.0)  # queued behind the sleep, on the writer stream
+    with torch.cuda.stream(reader):
+        torch.cuda._sleep(cycles // 4)  # a busy consumer stream
+        capsule = a.__dlpack__(stream=reader.cuda_stream, max_version=(1, 0), copy=True)
+        seen = torch.from_dlpack(capsule) * 1  # read on the reader stream
+    with torch.cuda.stream(writer):
+        torch.cuda._sleep(cycles)
+        b = cb.add(src, 7.0)
+    host = torch.from_dlpack(b.__dlpack__(max_version=(1, 0), dl_device=(1, 0)))
+    del a, b
+    torch.cuda.synchronize()
+    assert (seen == 5.0).all(), f"{int((seen != 5.0).sum())} elements read before the copy"
+    assert (host == 7.0).all()

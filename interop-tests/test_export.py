@@ -7,7 +7,18 @@ import gc
 import cubridge as cb
 import numpy as np
 import pytest
-from conftest import ALL_DTYPES, NUMPY_DTYPES, jax, jnp, needs_jax, needs_torch, sample, torch
+from conftest import (
+    ALL_DTYPES,
+    NUMPY_DTYPES,
+    _try_import,
+    jax,
+    jnp,
+    needs_jax,
+    needs_torch,
+    run_child,
+    sample,
+    torch,
+)
 
 
 def capsule_name(capsule):
@@ -192,6 +203,31 @@ def test_buffer_protocol_formats_and_bfloat16():
         assert np.asarray(m).dtype == np.dtype(dtype)
     with pytest.raises(BufferError, match="bfloat16"):
         memoryview(cb.zeros((2,), dtype="bfloat16"))
+
+
+def test_bfloat16_arrays_reach_numpy_through_ml_dtypes_or_a_clear_error():
+    """`np.asarray(a)` of a bfloat16 Array gave a 0-d object array."""
+    a = cb.asarray([1.0, -2.5, 3.0], dtype="bfloat16")
+    ml_dtypes = _try_import("ml_dtypes")
+    if ml_dtypes is not None:
+        n = np.asarray(a)
+        assert n.dtype == ml_dtypes.bfloat16 and n.shape == (3,)
+        np.testing.assert_array_equal(n.astype(np.float32), [1.0, -2.5, 3.0])
+    code = (
+        "import sys\n"
+        "sys.modules['ml_dtypes'] = None\n"
+        "import numpy as np, cubridge as cb\n"
+        "a = cb.asarray([1.0], dtype='bfloat16')\n"
+        "try:\n"
+        "    np.asarray(a)\n"
+        "    print('converted')\n"
+        "except TypeError as e:\n"
+        "    print('TypeError', 'bfloat16' in str(e))\n"
+    )
+    assert run_child(code).stdout.strip() == "TypeError True"
+    # Other dtypes still come through the buffer protocol, sharing memory.
+    x = cb.arange(4, dtype="int16")
+    assert np.asarray(x).dtype == np.int16 and np.asarray(x).ctypes.data == x.data_ptr
 
 
 def test_memoryview_writes_reach_the_array():

@@ -15,6 +15,7 @@ from conftest import (
     NEAR_TIES,
     NUMPY_DTYPES,
     float_values,
+    jax,
     jnp,
     needs_jax,
     needs_torch,
@@ -125,6 +126,29 @@ def test_numpy_scalars_come_in_as_0d_arrays():
         assert a.to_numpy() == value
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.timedelta64(5, "s"),
+        np.datetime64("2020-01-01"),
+        np.bytes_(b"ab"),
+    ],
+    ids=["timedelta64", "datetime64", "bytes_"],
+)
+def test_numpy_scalars_of_dtypes_cubridge_has_not_are_type_errors(value):
+    """`add(zeros(8, int64), np.timedelta64(5, 's'))` gave [5, 0, 0, 0, 0, 0, 0, 0]: the scalar
+    was read as a uint8 array of its bytes."""
+    for call in (
+        lambda: cb.add(cb.zeros(8, dtype="int64"), value),
+        lambda: cb.asarray(value),
+        lambda: cb.asarray([value]),
+        lambda: cb.full(2, value),
+        lambda: cb.from_dlpack(value),
+    ):
+        with pytest.raises(TypeError, match="unsupported dtype"):
+            call()
+
+
 def test_read_only_numpy_gives_a_read_only_view():
     ref = np.arange(4.0)
     ref.flags.writeable = False
@@ -133,6 +157,54 @@ def test_read_only_numpy_gives_a_read_only_view():
     assert a.data_ptr == ref.ctypes.data
     with pytest.raises(ValueError, match="read-only"):
         cb.add(a, a, out=a)
+
+
+@needs_torch
+def test_tensors_that_require_grad_import_read_only():
+    """`cb.asarray(param)` was writable: `add(a, 100, out=a)` changed what autograd saw (x.grad
+    408 instead of 8) and `np.from_dlpack(cb.asarray(param))[:] = 5` wrote the parameter."""
+    x = torch.nn.Parameter(torch.full((3,), 2.0))
+    for imported in (cb.asarray(x), cb.from_dlpack(x)):
+        assert imported.readonly
+        with pytest.raises(ValueError, match="read-only"):
+            cb.add(imported, 100, out=imported)
+        view = np.from_dlpack(imported)
+        assert not view.flags.writeable
+        with pytest.raises(ValueError):
+            view[:] = 5
+    with pytest.raises(BufferError, match="requires grad"):
+        cb.add(x, 1.0, out=x)
+    (x * x * x).sum().backward()
+    np.testing.assert_array_equal(x.detach().numpy(), [2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(x.grad.numpy(), [12.0, 12.0, 12.0])  # 3 x^2
+    # Reading it is fine, and so is writing a detached tensor.
+    np.testing.assert_array_equal(cb.add(x, 1.0).to_numpy(), [3.0, 3.0, 3.0])
+    d = x.detach()
+    cb.add(d, 1.0, out=d)
+    np.testing.assert_array_equal(x.detach().numpy(), [3.0, 3.0, 3.0])
+
+
+@needs_jax
+def test_jax_arrays_are_not_written():
+    """out= wrote into JAX arrays, which are immutable, changing other JAX arrays that share the
+    buffer. They are refused as out, and imported read-only."""
+    cpu = jax.devices("cpu")[0]  # numpy reads it back below, wherever JAX runs by default
+    a = jax.device_put(np.arange(4, dtype=np.float32), cpu)
+    b = a + 0  # JAX may share buffers between arrays like these
+    with pytest.raises(ValueError, match="JAX array, which is immutable"):
+        cb.add(np.ones(4, np.float32), 1.0, out=a)
+    k = cb.ElementwiseKernel("T x", "T z", "z = x", "jax_out")
+    with pytest.raises(ValueError, match="immutable"):
+        k(np.ones(4, np.float32), out=a)
+    imported = cb.asarray(a)
+    assert imported.readonly
+    with pytest.raises(ValueError, match="read-only"):
+        cb.add(imported, 1.0, out=imported)
+    assert not np.from_dlpack(imported).flags.writeable
+    np.testing.assert_array_equal(np.asarray(a), [0, 1, 2, 3])
+    np.testing.assert_array_equal(np.asarray(b), [0, 1, 2, 3])
+    # Reading JAX arrays is what cubridge is for.
+    np.testing.assert_array_equal(cb.add(a, b).to_numpy(), [0, 2, 4, 6])
 
 
 def test_view_keeps_the_producer_alive():
@@ -302,6 +374,49 @@ def test_asarray_sequences_scalars_and_dtypes():
         cb.asarray([1, "x"])
     with pytest.raises(TypeError):
         cb.asarray(object())
+
+
+def test_lists_of_numpy_scalars_keep_their_dtype():
+    """`asarray([np.float64(1e300)])` gave float32 [inf], and [np.float64(0.1)] was rounded,
+    while numpy and torch give float64."""
+    for values in (
+        [np.float64(1e300)],
+        [np.float64(0.1), 0.2],
+        [np.int32(1), np.float32(2.5)],
+        [np.int8(1), 2],
+        [np.float32(1.5), 2.5],
+        [[np.complex64(1j)], [2.0]],
+        [np.uint8(200), True],
+    ):
+        got = cb.asarray(values)
+        want = np.asarray(values)
+        assert got.dtype == str(want.dtype), values
+        np.testing.assert_array_equal(got.to_numpy(), want)
+    # Python values alone keep the Array API's float32 default.
+    assert cb.asarray([0.1, 2]).dtype == "float32"
+
+
+def test_sequences_are_cast_to_a_given_dtype_as_numpy_does():
+    """`asarray([0, 1, 0], dtype='bool')` and `asarray([1.5], dtype='int32')` were TypeErrors
+    while the same values as an ndarray were cast."""
+    for values, dtype in (
+        ([0, 1, 0], "bool"),
+        ([1.5, -2.7, 0.2], "int32"),
+        ([0.0, 0.5], "bool"),
+        ([[1.9], [3.0]], "uint8"),
+        ([True, 2.5], "int16"),
+    ):
+        got = cb.asarray(values, dtype=dtype).to_numpy()
+        np.testing.assert_array_equal(got, np.asarray(values, dtype=dtype))
+        assert got.dtype == np.dtype(dtype)
+    with pytest.raises(OverflowError):
+        cb.asarray([300], dtype="int8")
+    with pytest.raises(OverflowError):
+        cb.asarray([1e30], dtype="int64")
+    with pytest.raises(ValueError):
+        cb.asarray([float("nan")], dtype="int32")
+    with pytest.raises(TypeError):
+        cb.asarray([1j], dtype="float32")
 
 
 def test_asarray_copy_rules():

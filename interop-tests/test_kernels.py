@@ -188,6 +188,37 @@ def test_size_follows_cupys_rules(ins, outs, args, size, expect):
             run()
 
 
+@pytest.mark.parametrize("bad", ["flaot32", "single", "f4", "int32_t", "size_t", "Tx"])
+def test_misspelt_kernel_types_are_refused_when_made(bad):
+    """ElementwiseKernel took misspelt types as type placeholders and failed later or never.
+    Like CuPy, a type longer than one letter must be a dtype name."""
+    with pytest.raises(ValueError, match=f"{bad}.*bfloat16"):
+        cb.ElementwiseKernel(f"{bad} x", "float32 z", "z = x", "k")
+    with pytest.raises(ValueError, match=bad):
+        cb.ElementwiseKernel("float32 x", f"{bad} z", "z = x", "k")
+
+
+def test_grids_too_large_say_so_and_name_the_limit():
+    """A grid or block of 2**40 was reported as "must be positive"."""
+    r = cb.RawKernel('extern "C" __global__ void f() {}', "f")
+    with pytest.raises(ValueError, match=r"too large.*2147483647"):
+        r(2**40, 32, ())
+    with pytest.raises(ValueError, match=r"too large.*65535"):
+        r((1, 70000), 32, ())
+    with pytest.raises(ValueError, match="too large"):
+        r(1, 2**40, ())
+    with pytest.raises(ValueError, match="positive"):
+        r(0, 32, ())
+
+
+def test_raw_kernel_options_as_documented():
+    """The README showed `RawKernel(source, name, options)` positionally, which raised
+    TypeError."""
+    src = 'extern "C" __global__ void f() {}'
+    assert cb.RawKernel(src, "f", ("-DN=4",)).name == "f"
+    assert cb.RawKernel(src, "f", options=["--use_fast_math"]).name == "f"
+
+
 # --- ElementwiseKernel on the GPU ---------------------------------------------------------------
 
 AXPY = cb.ElementwiseKernel(
@@ -500,6 +531,127 @@ def test_runs_on_the_current_torch_stream_after_its_writes():
     assert elapsed < 0.05, f"the call waited {elapsed * 1e3:.1f} ms for an unrelated stream"
     torch.cuda.synchronize()
     assert (torch.from_dlpack(z) == 8.0).all()
+
+
+COND = ("T x", "T z", "if (x > 0) z = x")
+BRANCHES = ("T x", "T z, T w", "if (x > 0) z = x; else w = -x")
+
+
+def _cupy_reference(spec, inputs, outs):
+    """CuPy's ElementwiseKernel of the same declaration, run on CuPy views of copies of the same
+    device memory (None where CuPy is not installed)."""
+    if cupy is None:
+        return None
+    k = cupy.ElementwiseKernel(*spec, name="reference")
+    ins = [cupy.asarray(x) for x in inputs]
+    copies = [cupy.asarray(o).copy() for o in outs]
+    k(*ins, *copies)
+    return [cupy.asnumpy(c) for c in copies]
+
+
+def _layouts(n_rows, n_cols):
+    """Operands of each loop path, as (name, x, outs): vector (contiguous, aligned), flat
+    (misaligned by one element), strided (a permuted 3-D view), and tiled (x transposed, the
+    layout that takes the tiled kernel for an unconditional operation)."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", generator=g)
+
+    def ones(*shape):
+        return torch.ones(*shape, device="cuda")
+
+    return [
+        ("vector", rand(65536), lambda: ones(65536)),
+        ("flat", rand(65536 + 1)[1:], lambda: ones(65536 + 1)[1:]),
+        # (32, 16, 24) views of two different memory orders: no dimension merges.
+        ("strided", rand(16, 24, 32).permute(2, 0, 1), lambda: ones(24, 32, 16).permute(1, 2, 0)),
+        ("tiled", rand(n_cols, n_rows).T, lambda: ones(n_rows, n_cols)),
+    ]
+
+
+@pytest.mark.parametrize("path", ["vector", "flat", "strided", "tiled"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_conditional_assignment_keeps_unassigned_elements(path):
+    """`if (x > 0) z = x` with out= a torch tensor of ones rewrote 32,898 of 65,536 elements with
+    garbage on the vector path and 74,937 of 150,000 on the tiled one: the output was stored
+    without being loaded. Every element x <= 0 keeps its 1, as in CuPy's kernel."""
+    _, x, make_out = next(c for c in _layouts(300, 500) if c[0] == path)
+    k = cb.ElementwiseKernel(*COND, f"cond_{path}")
+    out = make_out()
+    assert out.shape == x.shape
+    before = out.clone()
+    assert k(x, out=out) is out
+    host_x, host_out = x.cpu().numpy(), out.cpu().numpy()
+    np.testing.assert_array_equal(host_out, np.where(host_x > 0, host_x, before.cpu().numpy()))
+    ref = _cupy_reference(COND, [x], [before])
+    if ref is not None:
+        np.testing.assert_array_equal(host_out, ref[0])
+
+
+@pytest.mark.parametrize("path", ["vector", "flat", "strided"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_two_outputs_each_assigned_on_one_branch(path):
+    """A two-output `if/else` kernel rewrote about a third of each output."""
+    _, x, make_out = next(c for c in _layouts(300, 500) if c[0] == path)
+    k = cb.ElementwiseKernel(*BRANCHES, f"branches_{path}")
+    z, w = make_out(), make_out()
+    w.mul_(2)
+    z0, w0 = z.clone(), w.clone()
+    got = k(x, out=(z, w))
+    assert got[0] is z and got[1] is w
+    hx = x.cpu().numpy()
+    np.testing.assert_array_equal(z.cpu().numpy(), np.where(hx > 0, hx, z0.cpu().numpy()))
+    np.testing.assert_array_equal(w.cpu().numpy(), np.where(hx > 0, w0.cpu().numpy(), -hx))
+    ref = _cupy_reference(BRANCHES, [x], [z0, w0])
+    if ref is not None:
+        np.testing.assert_array_equal(z.cpu().numpy(), ref[0])
+        np.testing.assert_array_equal(w.cpu().numpy(), ref[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_plain_assignment_still_writes_every_element():
+    """The unconditional `z = a * x + y` keeps its store-only path and writes every element of
+    a poisoned output."""
+    k = cb.ElementwiseKernel("T x, T y, T a", "T z", "z = a * x + y", "plain_axpy")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x, y = (torch.randn(1 << 16, device="cuda", generator=g) for _ in range(2))
+    out = torch.full((1 << 16,), float("nan"), device="cuda")
+    k(x, y, 2.0, out=out)
+    torch.testing.assert_close(out, (2 * x.double() + y.double()).float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_complex_kernels_have_the_operators_users_write(dtype):
+    """`z = -x` and `z = 2.0f * x` failed to compile for complex64/complex128."""
+    rng = np.random.default_rng(5)
+    hx = (rng.standard_normal(256) + 1j * rng.standard_normal(256)).astype(dtype)
+    hy = (rng.standard_normal(256) + 1j * rng.standard_normal(256)).astype(dtype)
+    x, y = torch.from_numpy(hx).cuda(), torch.from_numpy(hy).cuda()
+    lit = "2.0f" if dtype == "complex64" else "2.0"
+    cases = {
+        "z = -x": -hx,
+        "z = +x": hx,
+        f"z = {lit} * x": 2 * hx,
+        f"z = {lit} + x": 2 + hx,
+        f"z = {lit} - x": 2 - hx,
+        f"z = {lit} / x": 2 / hx,
+        "z = x * 2": hx * 2,
+        "z = conj(x) * y": np.conj(hx) * hy,
+        "z = T(norm(x), abs(y))": np.abs(hx) ** 2 + 1j * np.abs(hy),
+        "z = x; z -= y; z *= T(0, 1)": (hx - hy) * 1j,
+        "z = (x == x && x != y) ? x : y": hx,
+    }
+    for op, want in cases.items():
+        k = cb.ElementwiseKernel("T x, T y", "T z", op, "complex_ops")
+        got = torch.from_dlpack(k(x, y)).cpu().numpy()
+        rtol = 1e-6 if dtype == "complex64" else 1e-14
+        np.testing.assert_allclose(got, want.astype(dtype), rtol=rtol, err_msg=op)
 
 
 # --- RawKernel ---------------------------------------------------------------------------------

@@ -623,3 +623,18 @@ def test_full_fills_on_the_device_every_element_size(dtype, value):
         got, want = torch.view_as_real(got), torch.view_as_real(want)
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
     assert torch.equal(got.view(bits), want.view(bits))
+
+
+# ---- on any machine: mem_info -------------------------------------------------------------------
+
+
+def test_mem_info_takes_none_as_the_current_device():
+    """`mem_info(None)` said "cpu is not a CUDA device"; every other cuda.* function takes
+    None as the current device."""
+    if cb.cuda.is_available():
+        free, total = cb.cuda.mem_info(None)
+        assert 0 < free <= total
+        assert cb.cuda.mem_info() == pytest.approx((free, total), rel=0.5)
+    else:
+        with pytest.raises(cb.CudaUnavailableError):
+            cb.cuda.mem_info(None)
