@@ -35,8 +35,7 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     if host_src {
         return host_to_device(src, dtype, device);
     }
-    // From device memory: a cast, or a copy of a non-contiguous array, runs on its device first
-    // (the cast kernel, queued after the source's pending work, keeping the source alive).
+    // From device memory: a cast, or a copy of a non-contiguous array, runs on its device first.
     if dtype == src.dtype() && src.layout().is_contiguous() {
         return from_device(src, device);
     }
@@ -179,14 +178,15 @@ fn cuda_ordinal(device: Device) -> Result<u32> {
 pub(crate) fn every_conversion() -> Program {
     let t = DType::ALL.map(kernels::c_type);
     let mut body = String::new();
-    for (a, b) in t.iter().flat_map(|a| t.iter().map(move |b| (a, b))) {
-        body += &format!("*({b}*)p[1] = Cvt<{b}, {a}>::run(*({a}*)p[0]);\n");
+    // Each into a slot of its own: no store is dropped, so every conversion is compiled.
+    let pairs = t.iter().flat_map(|a| t.iter().map(move |b| (a, b)));
+    for (k, (a, b)) in pairs.enumerate() {
+        body += &format!("*({b}*)p[{k}] = Cvt<{b}, {a}>::run(*({a}*)p[225]);\n");
     }
+    let (abi, header) = (kernels::ABI, super::add::HEADER);
     let source = format!(
         "#define CB_FLOAT16\n#include <cuda_fp16.h>\n#define CB_BFLOAT16\n#include <cuda_bf16.h>\n\
-         {}{}extern \"C\" __global__ void every_cast(void** p) {{\n{body}}}\n",
-        kernels::ABI,
-        super::add::HEADER,
+         {abi}{header}extern \"C\" __global__ void every_cast(void** p) {{\n{body}}}\n"
     );
     Program {
         name: "every_conversion".into(),
