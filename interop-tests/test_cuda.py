@@ -4,16 +4,19 @@ GPU is present. Every value is compared with numpy (host copies) or torch."""
 
 import gc
 import json
+import math
 import os
 import struct
 import subprocess
 import sys
 import time
+import warnings
 
 import cubridge as cb
 import numpy as np
 import pytest
 from conftest import (
+    ALL_DTYPES,
     INT_NEAR_TIES,
     NEAR_TIES,
     NUMPY_DTYPES,
@@ -587,6 +590,140 @@ def test_arange_and_sequences_on_the_device_match_numpy():
     np.testing.assert_array_equal(got.to_numpy(), [[0, 1, 2, 3], [7] * 4, [0, 1, 2, 3]])
 
 
+# The casts on the device (asarray(x, dtype=) of a device array), against numpy's cast of the
+# same values. numpy has no bfloat16: a bfloat16 source holds values exact in it (read as
+# float64), and a bfloat16 result is compared with `rounded`, the exact rounding.
+def _kind(dtype):
+    if dtype.startswith(("int", "uint")):
+        return "int"
+    return {"bool": "bool", "complex64": "complex", "complex128": "complex"}.get(dtype, "float")
+
+
+def _held(value, dtype):
+    """A real `value` as the floating `dtype` holds it (bfloat16: exactly rounded)."""
+    if dtype == "bfloat16":
+        return rounded(value, "bfloat16")
+    with np.errstate(all="ignore"):
+        return float(np.float64(value).astype(dtype))
+
+
+_FLOATS = [0.0, -0.0, 0.5, 1.9, 2.5, -1.9, -2.5, 100.75, -100.75, 127.9, -128.9, 255.5, 1e4 + 0.5,
+           65504.0, 2**31 - 0.5, -(2**31) - 0.5, 2**32 - 1.5, 2**53 + 2, -(2**63), 2**63 + 2**40,
+           2**64 - 2**11, 1 + 2**-11 + 2**-23, 65520 - 2**-8, 1 + 2**-8 + 2**-23, 1 + 2**-24 + 2**-40,
+           -(1 + 2**-24 + 2**-45), 1e-45, 3e-39, 5e-324, 1e5, 3.4e38, 3.5e38, 1e300]  # fmt: skip
+_FLOATS += NEAR_TIES["float16"] + NEAR_TIES["bfloat16"]
+_SPECIALS = [math.inf, -math.inf, math.nan]
+
+
+def _cast_values(src, dst):
+    """Python values of dtype `src` (as it holds them) whose cast into `dst` numpy defines:
+    integers and bool anywhere, floats (and complex numbers' real parts) into integer types only
+    where they truncate into the target's range."""
+    if src == "bool":
+        return [False, True]
+    if _kind(src) == "int":
+        info = np.iinfo(src)
+        ties = INT_NEAR_TIES["float16"] + INT_NEAR_TIES["bfloat16"]
+        vs = [info.min, info.min + 1, info.max, info.max - 1, 0, 1, -1, -2, 100, -129, 255, 256]
+        return [v for v in vs + ties + [2**31, 2**53 + 1, 2**63 + 1] if info.min <= v <= info.max]
+    part = "float64" if src == "complex128" else "float32" if src == "complex64" else src
+    reals = [_held(v, part) for v in _FLOATS + _SPECIALS]
+    if _kind(dst) == "int":
+        info = np.iinfo(dst)
+        reals = [r for r in reals if math.isfinite(r) and info.min <= math.trunc(r) <= info.max]
+    if _kind(src) == "float":
+        return reals
+    imags = [_held(v, part) for v in [0.0, -0.0, 1.5, -3.25, 2**-30, math.nan, math.inf]]
+    values = [complex(r, imags[k % len(imags)]) for k, r in enumerate(reals)]
+    return values + [complex(0.0, 1.0), complex(-0.0, 0.0), complex(0.0, math.nan)]
+
+
+def _cast_source(src, dst, shape):
+    """A host array of `shape` cycling through `_cast_values(src, dst)` (bfloat16: a float64
+    array of its values) and the same on the device."""
+    values = _cast_values(src, dst)
+    host = np.resize(np.asarray(values, dtype="float64" if src == "bfloat16" else src), shape)
+    if src == "bfloat16":
+        return host, torch.from_numpy(host).to(torch.bfloat16).cuda()
+    return host, torch.from_dlpack(cb.asarray(host, device="cuda"))
+
+
+def _numpy_cast(host, src, dst):
+    """numpy's cast of a host source (bfloat16 results: each real value rounded exactly)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        if dst != "bfloat16":
+            return host.astype(dst)
+        reals = np.real(host)
+        if src == "bool" or _kind(src) == "int":
+            return np.asarray([rounded(int(v), dst) for v in reals.flat]).reshape(host.shape)
+        return np.asarray([rounded(float(v), dst) for v in reals.flat]).reshape(host.shape)
+
+
+# Views of a (66, 130) source, each a variant of the cast's kernel: vectorized (a flat run of
+# packs with a tail), scalar (misaligned), tiled (transposed, in pairs where both dtypes have 2
+# bytes) and strided.
+_CAST_VIEWS = {
+    "contiguous": lambda x: x.reshape(-1),
+    "misaligned": lambda x: x.reshape(-1)[1:],
+    "transposed": lambda x: x.T,
+    "strided": lambda x: x[:, ::3],
+}
+
+
+def _check_cast(src, dst, view):
+    host, dev = _cast_source(src, dst, (66, 130))
+    host, dev = _CAST_VIEWS[view](host), _CAST_VIEWS[view](dev)
+    got = cb.asarray(dev, dtype=dst)
+    assert (got.dtype, got.device, got.shape) == (dst, "cuda:0", host.shape)
+    want = _numpy_cast(host, src, dst)
+    if dst == "bfloat16":
+        np.testing.assert_array_equal(float_values(got.to_device("cpu")), want, strict=True)
+    else:
+        np.testing.assert_array_equal(got.to_numpy(), want, strict=True)
+
+
+@pytest.mark.parametrize("dst", ALL_DTYPES)
+@pytest.mark.parametrize("src", ALL_DTYPES)
+def test_casts_on_the_device_match_numpy(src, dst):
+    """Every dtype into every other on the device gives numpy's values: floats and integers
+    into float16 and bfloat16 rounded once from the exact value (float64 values next to ties),
+    floats truncated into integers, integers wrapped, bool from nonzero, complex numbers into
+    real types by their real part."""
+    _check_cast(src, dst, "contiguous")
+
+
+@pytest.mark.parametrize("view", ["misaligned", "transposed", "strided"])
+@pytest.mark.parametrize("src", ALL_DTYPES)
+def test_casts_and_copies_of_views_on_the_device(src, view):
+    """Misaligned, transposed and strided sources cast (into float16, bfloat16, int32 and
+    complex128) and copied (into their own dtype: a contiguous copy) on the device."""
+    for dst in dict.fromkeys([src, "float16", "bfloat16", "int32", "complex128"]):
+        _check_cast(src, dst, view)
+
+
+def test_a_cast_on_the_device_waits_for_nothing_and_follows_its_source():
+    """asarray(x, dtype=) of a CUDA array copied x to the host, converted it there and copied it
+    back: the host waited for all of x's pending work (0.3 s here), and a 2^24 float32 cast took
+    53 ms (torch: 48 us). It is a kernel now, queued after the work that writes x, on the
+    legacy default stream or behind a torch side stream."""
+    x = torch.zeros(1 << 20, device="cuda")
+    cb.asarray(x, dtype="float16")  # loads the kernel
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side):
+        torch.cuda.synchronize()
+        with torch.cuda.stream(stream):
+            spin(0.3)
+            x.fill_(2.5)
+            start = time.perf_counter()
+            got = cb.asarray(x, dtype="float16")
+            took = time.perf_counter() - start
+        still_busy = not stream.query()
+        torch.cuda.synchronize()
+        assert took < 0.1 and still_busy, f"the cast waited {took:.3f} s"
+        assert torch.equal(torch.from_dlpack(got), torch.full_like(x, 2.5, dtype=torch.float16))
+
+
 def test_tiled_add_with_promotion():
     gen = torch.Generator(device="cuda").manual_seed(3)
     a = _random((300, 200), "float16", gen).T  # transposed float16
@@ -986,10 +1123,14 @@ for name in names:
     if a == b:
         s = True if a == torch.bool else 3
         check(name + " scalar", cb.add(x, s), x, torch.full_like(x, s))
-        # A strided source is gathered into a contiguous copy on its way to the host.
+        # A strided source is copied into a contiguous array on its device, then to the host.
         host = torch.from_dlpack(cb.asarray(x[:, ::3], device="cpu"))
         if not torch.equal(host, x[:, ::3].cpu()):
             failures.append(name + " gather")
+    if torch.float32 in (a, b) and {a, b} & {torch.float16, torch.bfloat16}:
+        for v in (x, x.T):  # casts between float32 and float16 or bfloat16 ship too
+            if not torch.equal(torch.from_dlpack(cb.asarray(v, dtype=name.split("+")[1])), v.to(b)):
+                failures.append(name + " cast")
 try:
     cb.add(torch.ones(4, dtype=torch.int16, device="cuda"), torch.ones(4, dtype=torch.int32, device="cuda"))
     failures.append("int16 + int32 compiled although CUBRIDGE_NVRTC=0")
@@ -1011,8 +1152,9 @@ _SHIPPED_CASES = (
 def test_shipped_kernels_run_without_nvrtc(tmp_path):
     """A wheel built by `make wheel` ships add's kernels for every dtype: in a new process
     with an empty kernel cache and run-time compilation off, every shipped case (contiguous,
-    transposed, scalar, and the gather of a strided copy) runs and equals torch's result, and
-    one that is not shipped says why it cannot compile."""
+    transposed, scalar, the copy of a strided source, and casts between float32 and float16 or
+    bfloat16) runs and equals torch's result, and one that is not shipped says why it cannot
+    compile."""
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor
     shipped = {a for _, a in cb.cuda.shipped_kernels() if a // 10 == major and a <= arch}

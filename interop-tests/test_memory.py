@@ -100,6 +100,7 @@ def host_blocking_calls():
         ("add of cubridge arrays", lambda: cb.zeros((n,), device="cuda") + 1.0),
         ("from_dlpack(torch)", lambda: cb.from_dlpack(t)),
         ("asarray(torch)", lambda: cb.asarray(t)),
+        ("asarray cast", lambda: cb.asarray(t, dtype="float16")),
         ("__dlpack__", lambda: keep.setdefault("e", cb.zeros((n,), device="cuda")).__dlpack__()),
         (
             "__cuda_array_interface__",

@@ -1,4 +1,4 @@
-// The parameter structs that every kernel takes, cubridge's own (add, the gather)
+// The parameter structs that every kernel takes, cubridge's own (add, the casts)
 // and users' alike, and the two element types they share: packs and complex numbers. It comes
 // first in every program. The host mirrors the structs in src/ops/elementwise/params.rs
 // (`Strided`, `Shape`): keep the two in step.

@@ -1,6 +1,6 @@
 //! Programs given as source (the elementwise engine's, `add`'s among them, and extension
 //! crates'), compiled on first use and cached in memory (and, by [`super::nvrtc`], on disk);
-//! the headers of `kernels/` they are made of; and the gather of device-side copies.
+//! and the headers of `kernels/` they are made of.
 
 use super::{check, context, nvrtc};
 use crate::dtype::DType;
@@ -20,8 +20,6 @@ pub const ACCESS: &str = include_str!("../../kernels/access.cuh");
 pub const LOOPS: &str = include_str!("../../kernels/loops.cuh");
 /// The tiled kernel, over an elementwise operation (`cbt::tiled`).
 pub const TILED: &str = include_str!("../../kernels/tiled.cu");
-/// The strided gather of device-side copies.
-const GATHER: &str = include_str!("../../kernels/gather.cu");
 
 /// Packs each thread of the vector kernel moves per step (`CB_UNROLL`).
 pub const UNROLL: usize = 4;
@@ -247,41 +245,6 @@ pub enum Index {
 /// three of 2 bytes.
 pub fn pairs(dtypes: [DType; 3]) -> bool {
     dtypes.iter().all(|d| d.itemsize() == 2)
-}
-
-/// The strided gather kernel for `dtype` on `ordinal`, loaded once per device and dtype (a
-/// lookup costs one lock and one hash of a small key, not of the program's source).
-pub fn gather(ordinal: u32, dtype: DType) -> Result<sys::CUfunction> {
-    static GATHERS: Mutex<Option<HashMap<(u32, DType), usize>>> = Mutex::new(None);
-    let mut guard = crate::lock(&GATHERS);
-    let cache = guard.get_or_insert_with(HashMap::new);
-    if let Some(&f) = cache.get(&(ordinal, dtype)) {
-        return Ok(f as sys::CUfunction);
-    }
-    let f = program(ordinal, &gather_program(dtype))?[0];
-    cache.insert((ordinal, dtype), f);
-    Ok(f as sys::CUfunction)
-}
-
-/// The program of the gather kernel for `dtype`, compiled with NVRTC's `-minimal`, which leaves
-/// out what it never uses (textures, device-side launches, the runtime's types): the same
-/// machine code, sooner.
-pub fn gather_program(dtype: DType) -> Program {
-    let t = c_type(dtype);
-    let half = match dtype {
-        DType::Float16 => "#include <cuda_fp16.h>\n",
-        DType::BFloat16 => "#include <cuda_bf16.h>\n",
-        _ => "",
-    };
-    Program {
-        name: format!("gather_{dtype}"),
-        source: format!(
-            "{half}{ABI}\n{GATHER}\nextern \"C\" __global__ void cb_gather(CbStrided<{t}> s, \
-             {t}* o, long long n, CbShape g) {{ gather<{t}>(o, s, n, g); }}\n"
-        ),
-        options: vec![nvrtc::MINIMAL.to_string()],
-        functions: vec!["cb_gather".to_string()],
-    }
 }
 
 /// Resident threads per SM the grid-stride kernels aim for (full occupancy on recent GPUs).

@@ -5,7 +5,7 @@
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
-use crate::cuda::kernels::{self, Index, Program};
+use crate::cuda::kernels::{Index, Program};
 use crate::cuda::stream::Stream;
 use crate::cuda::{nvrtc, stream as cuda_stream};
 use crate::device::Device;
@@ -19,8 +19,8 @@ use crate::ops::Arg;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-/// add's arithmetic: exact widening into the result type, then the addition of each dtype.
-const HEADER: &str = include_str!("../../kernels/common.cuh");
+/// The arithmetic of the built-in elementwise kernels (add's, and the casts of copies).
+pub(crate) const HEADER: &str = include_str!("../../kernels/common.cuh");
 
 /// add's declaration: two inputs of their own dtypes, and a result of their promotion.
 fn spec() -> Spec {
@@ -190,7 +190,7 @@ fn programs(
 
 /// The variants of add's kernels that ship: all four for two arrays, the flat ones for a value
 /// (a transposed input beside a scalar is rare).
-const ALL: [Variant; 4] = [
+pub(crate) const ALL: [Variant; 4] = [
     Variant::Contiguous,
     Variant::Vector,
     Variant::Strided,
@@ -201,7 +201,7 @@ const ALL: [Variant; 4] = [
 /// [`crate::cuda::shipped`]): for every dtype with itself (so that no same-dtype first call
 /// compiles) and float16 and bfloat16 with float32 and float64, add's kernels of every
 /// variant with 32-bit indices (64-bit ones serve only arrays past 2^31 elements), with a
-/// scalar second input, and the gather of device-side copies.
+/// scalar second input, and the casts of copies ([`super::copy::shipped_programs`]).
 pub fn shipped_programs() -> Result<Vec<Program>> {
     let mut all = Vec::new();
     let pairs = DType::ALL.iter().map(|&d| (d, d)).chain(SHIPPED_PAIRS);
@@ -211,7 +211,7 @@ pub fn shipped_programs() -> Result<Vec<Program>> {
             all.extend(programs(a, a, Role::Value, &ALL[..3], Index::I32)?);
         }
     }
-    all.extend(DType::ALL.iter().map(|&d| kernels::gather_program(d)));
+    all.extend(super::copy::shipped_programs());
     Ok(all)
 }
 
@@ -379,10 +379,10 @@ mod tests {
     }
 }
 
-/// Compiles add's programs and the gather with NVRTC when `CUBRIDGE_TEST_NVRTC_DIR` names a
+/// Compiles add's programs and the casts with NVRTC when `CUBRIDGE_TEST_NVRTC_DIR` names a
 /// folder holding libnvrtc (no GPU needed): every variant for every dtype with itself and some
-/// promotions, in both index widths and with a scalar second input. Skipped (with a note)
-/// otherwise.
+/// promotions, in both index widths and with a scalar second input, the shipped casts and every
+/// conversion between two dtypes. Skipped (with a note) otherwise.
 #[cfg(test)]
 mod compile_tests {
     use super::*;
@@ -391,8 +391,8 @@ mod compile_tests {
     fn shipped_programs_have_distinct_names_and_keys() {
         let programs = shipped_programs().unwrap();
         // Every same-dtype add in four variants and with a value in three, eight promotions in
-        // four, and the gather of every dtype.
-        assert_eq!(programs.len(), 15 * 7 + 8 * 4 + 15);
+        // four, the copy of every dtype in two, and four casts in four.
+        assert_eq!(programs.len(), 15 * 7 + 8 * 4 + 15 * 2 + 4 * 4);
         let mut names: Vec<&str> = programs.iter().map(|p| p.name.as_str()).collect();
         let mut keys: Vec<String> = programs
             .iter()
@@ -438,7 +438,8 @@ mod compile_tests {
         ] {
             all.extend(programs(a, b, Role::Value, &ALL[..3], Index::I32).unwrap());
         }
-        all.extend(DType::ALL.iter().map(|&d| kernels::gather_program(d)));
+        all.extend(crate::ops::copy::shipped_programs());
+        all.push(crate::ops::copy::every_conversion());
         for p in all {
             let name = format!("test_{}_{}", p.name, std::process::id());
             if let Err(e) = nvrtc::compile(&p.source, &name, 80, &p.options) {

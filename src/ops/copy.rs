@@ -1,14 +1,20 @@
-//! Copies and casts into a new C-contiguous array, between any devices.
+//! Copies and casts into a new C-contiguous array, between any devices. On a CUDA device a cast,
+//! and the copy of a non-contiguous array, is an instance of the elementwise engine
+//! ([`crate::ops::elementwise`]): `y = (B)x`, with `B` the source's own dtype for a copy.
 
 use crate::array::Array;
 use crate::cpu::{copy::copy_cast, SendPtr};
-use crate::cuda::launch::Params;
-use crate::cuda::{self, kernels, launch, memory, stream};
+use crate::cuda::kernels::{self, Index, Program};
+use crate::cuda::{memory, nvrtc, stream};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layout::coalesce;
-use crate::ops::elementwise::params::{Shape, Strided};
+use crate::ops::elementwise::source::{self, Role, Signature};
+use crate::ops::elementwise::spec::{Rule, Spec};
+use crate::ops::elementwise::ElementwiseKernel;
+use crate::ops::{plan::Variant, Arg};
+use std::sync::OnceLock;
 
 /// A new C-contiguous array on `device` holding `src`'s values converted to `dtype` (numpy's
 /// unsafe-cast rules; see [`crate::cpu::element::Element::from_scalar`]). Copies into device
@@ -29,21 +35,55 @@ pub fn copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     if host_src {
         return host_to_device(src, dtype, device);
     }
-    // From device memory: make it contiguous on its device first.
-    let n = cuda_ordinal(src.device())?;
-    // Copies and gathers run on the legacy default stream, after the source's pending work.
-    src.order_before(stream::LEGACY)?;
-    let contiguous = if src.layout().is_contiguous() {
-        src.clone()
-    } else {
-        gather(src)?
-    };
-    if dtype == src.dtype() {
-        return from_device(src, &contiguous, device, n);
+    // From device memory: a cast, or a copy of a non-contiguous array, runs on its device first.
+    if dtype == src.dtype() && src.layout().is_contiguous() {
+        return from_device(src, device);
     }
-    // A cast of device data goes through the host.
-    let host = copy(&contiguous, contiguous.dtype(), Device::Cpu)?;
-    copy(&host, dtype, device)
+    let inputs = [Arg::Array(src.clone())];
+    // SAFETY: the cast's operation reads its one element and writes its one, nothing else.
+    let outs = unsafe { cast_kernel(dtype).call(&inputs, &[None], stream::LEGACY, None)? };
+    let cast = outs.into_iter().next();
+    let converted = cast.ok_or_else(|| Error::invalid("internal: the cast made no result"))?;
+    if device == src.device() {
+        return Ok(converted);
+    }
+    from_device(&converted, device)
+}
+
+/// The cast into `to` as an elementwise kernel: `y = (to)x` for an input of any dtype, with the
+/// conversions of `kernels/common.cuh`.
+fn cast_kernel(to: DType) -> &'static ElementwiseKernel {
+    static CASTS: [OnceLock<ElementwiseKernel>; DType::ALL.len()] =
+        [const { OnceLock::new() }; DType::ALL.len()];
+    CASTS[to as usize].get_or_init(|| {
+        let operation = format!("y = Cvt<{}, A>::run(x)", kernels::c_type(to));
+        let spec = Spec::new("A x", &format!("{to} y"), &operation, "cast", "");
+        // A fixed declaration, which the tests parse.
+        let spec = spec.expect("a cast's declaration parses");
+        ElementwiseKernel::new(spec.built_in(Rule::Exact, super::add::HEADER, &[nvrtc::MINIMAL]))
+    })
+}
+
+/// The cast's programs from `from` into `to` in each of `variants`, in the `index` width.
+fn programs(from: DType, to: DType, variants: &[Variant], index: Index) -> Vec<Program> {
+    let sig = Signature {
+        dtypes: vec![from, to],
+        roles: vec![Role::Element; 2],
+    };
+    let program = |&v: &Variant| source::program(cast_kernel(to).spec(), &sig, &[false], v, index);
+    variants.iter().filter_map(program).collect()
+}
+
+/// The casts' programs that ship (see [`crate::ops::add::shipped_programs`]), with 32-bit
+/// indices: every dtype into itself in the strided and tiled variants (copies of
+/// non-contiguous arrays), and float32 into and out of float16 and bfloat16 in every variant.
+pub(crate) fn shipped_programs() -> Vec<Program> {
+    let (f32, f16, bf16) = (DType::Float32, DType::Float16, DType::BFloat16);
+    let strided = [Variant::Strided, Variant::Tiled { mask: 0 }];
+    let same = DType::ALL.map(|d| programs(d, d, &strided, Index::I32));
+    let halves = [(f32, f16), (f16, f32), (f32, bf16), (bf16, f32)];
+    let halves = halves.map(|(a, b)| programs(a, b, &super::add::ALL, Index::I32));
+    same.into_iter().chain(halves).flatten().collect()
 }
 
 /// Host memory to a CUDA device: a contiguous host array of the target dtype (`src` itself
@@ -71,41 +111,38 @@ fn host_to_device(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     Ok(dst)
 }
 
-/// `contiguous` (`src`, or its gather, on CUDA device `n`) into a new array of its dtype on
-/// `device`: queued on the same device, complete on return elsewhere.
-fn from_device(src: &Array, contiguous: &Array, device: Device, n: u32) -> Result<Array> {
+/// `src`, contiguous on a CUDA device, into a new array of its dtype on `device`: queued on the
+/// legacy default stream after the source's pending work on the same device, complete on return
+/// elsewhere.
+fn from_device(src: &Array, device: Device) -> Result<Array> {
+    let n = cuda_ordinal(src.device())?;
+    src.order_before(stream::LEGACY)?;
     let dst = Array::empty(src.shape(), src.dtype(), device)?;
-    if device == Device::Cuda(n) {
-        // SAFETY: same shape and dtype, both contiguous on this device; dst is fresh and
-        // allocated for the legacy default stream; the source is kept alive until the copy has
-        // run.
-        unsafe {
-            memory::copy_async(
-                dst.data_ptr(),
-                contiguous.data_ptr(),
-                dst.nbytes(),
-                n,
-                stream::LEGACY,
-            )?
-        };
-        Array::keep_until_run([src, contiguous], stream::LEGACY, None, n);
-        return Ok(dst);
-    }
-    if let Device::Cuda(m) = device {
+    let queued = device == Device::Cuda(n);
+    if let (Device::Cuda(m), false) = (device, queued) {
         // Another device's stream copies into it: the allocation must have happened.
         stream::synchronize(stream::LEGACY, m)?;
     }
-    // SAFETY: same shape and dtype, both contiguous; dst is fresh; the copy is complete on
-    // return, while both are alive.
+    let copy = if queued {
+        memory::copy_async
+    } else {
+        memory::copy_sync
+    };
+    // SAFETY: same shape and dtype, both contiguous; dst is fresh (on this device, allocated
+    // for the legacy default stream). A queued copy keeps the source alive until it has run;
+    // any other is complete on return, while both are alive.
     unsafe {
-        memory::copy_sync(
+        copy(
             dst.data_ptr(),
-            contiguous.data_ptr(),
+            src.data_ptr(),
             dst.nbytes(),
             n,
             stream::LEGACY,
         )?
     };
+    if queued {
+        Array::keep_until_run([src], stream::LEGACY, None, n);
+    }
     Ok(dst)
 }
 
@@ -126,51 +163,50 @@ fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {
     Ok(dst)
 }
 
-/// A contiguous copy of a strided device array on the same device, queued on the legacy
-/// default stream (which the caller has ordered after the source's pending work; the caller
-/// keeps the source alive until the gather has run).
-fn gather(src: &Array) -> Result<Array> {
-    let n = cuda_ordinal(src.device())?;
-    let dst = Array::empty(src.shape(), src.dtype(), src.device())?;
-    let count = src.numel();
-    if count == 0 {
-        return Ok(dst);
-    }
-    let plan = coalesce(src.shape(), [dst.strides(), src.strides()]);
-    let function = kernels::gather(n, src.dtype())?;
-    let mut params = Params::with_capacity(4, 2 * size_of::<Shape>());
-    params.push(Strided::new(src.data_ptr(), &plan.strides[1]));
-    params.push(dst.data_ptr());
-    params.push(count as i64);
-    params.push(Shape::new(&plan.shape)?);
-    cuda::context::bind(n)?;
-    // SAFETY: cb_gather(CbStrided<T> s, T* o, long long n, CbShape g) matches the params (the
-    // structs as kernels/abi.cuh has them); `o` holds `count` elements, `s`'s layout stays in
-    // its buffer; both live until the gather has run (dst's free is ordered after the legacy
-    // default stream's work; the caller keeps src).
-    unsafe {
-        launch::launch(
-            function,
-            (
-                kernels::grid(n, count.div_ceil(launch::BLOCK as usize), launch::BLOCK)?,
-                1,
-                1,
-            ),
-            (launch::BLOCK, 1, 1),
-            0,
-            stream::LEGACY.handle(),
-            params.pointers(),
-        )?
-    };
-    Ok(dst)
-}
-
 /// The ordinal of a CUDA device; host devices are an internal error reported, not a panic.
 fn cuda_ordinal(device: Device) -> Result<u32> {
     match device {
         Device::Cuda(n) => Ok(n),
-        other => Err(crate::Error::invalid(format!(
+        other => Err(Error::invalid(format!(
             "internal: expected CUDA device memory, got {other}"
         ))),
+    }
+}
+
+/// Every conversion between two dtypes, in one program for `ops::add`'s compile test.
+#[cfg(test)]
+pub(crate) fn every_conversion() -> Program {
+    let t = DType::ALL.map(kernels::c_type);
+    let mut body = String::new();
+    // Each into a slot of its own: no store is dropped, so every conversion is compiled.
+    let pairs = t.iter().flat_map(|a| t.iter().map(move |b| (a, b)));
+    for (k, (a, b)) in pairs.enumerate() {
+        body += &format!("*({b}*)p[{k}] = Cvt<{b}, {a}>::run(*({a}*)p[225]);\n");
+    }
+    let (abi, header) = (kernels::ABI, super::add::HEADER);
+    let source = format!(
+        "#define CB_FLOAT16\n#include <cuda_fp16.h>\n#define CB_BFLOAT16\n#include <cuda_bf16.h>\n\
+         {abi}{header}extern \"C\" __global__ void every_cast(void** p) {{\n{body}}}\n"
+    );
+    Program {
+        name: "every_conversion".into(),
+        source,
+        options: vec![nvrtc::MINIMAL.into()],
+        functions: vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::elementwise::spec::{reads_output, uses_index};
+
+    #[test]
+    fn every_cast_only_assigns_its_output() {
+        // Stored without being loaded, in any order (its loop may take tiles).
+        for to in DType::ALL {
+            let op = &cast_kernel(to).spec().operation;
+            assert!(!reads_output(op, "y") && !uses_index(op), "{to}");
+        }
     }
 }
