@@ -35,6 +35,13 @@ pub enum Error {
         /// The second shape.
         right: Vec<usize>,
     },
+    /// A byte stride of a foreign descriptor that is not a whole number of elements.
+    Stride {
+        /// The stride in bytes.
+        bytes: i64,
+        /// The element size in bytes.
+        itemsize: usize,
+    },
     /// Any other invalid argument or descriptor field, with a message naming the value.
     Invalid(String),
     /// A value outside the range of the type it must be stored as (maps to `OverflowError`, as
@@ -183,6 +190,7 @@ impl Error {
             Error::UnsupportedDevice(_)
             | Error::DeviceMismatch { .. }
             | Error::Broadcast { .. }
+            | Error::Stride { .. }
             | Error::Invalid(_)
             | Error::ReadOnly(_) => ErrorKind::Value,
             Error::Overflow(_) => ErrorKind::Overflow,
@@ -226,6 +234,12 @@ impl fmt::Display for Error {
                 shape_str(left),
                 shape_str(right)
             ),
+            Error::Stride { bytes, itemsize } => {
+                write!(
+                    f,
+                    "stride {bytes} is not a multiple of the item size {itemsize}"
+                )
+            }
             Error::Invalid(message)
             | Error::Overflow(message)
             | Error::ReadOnly(message)

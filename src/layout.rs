@@ -147,6 +147,15 @@ pub fn c_strides(shape: &[usize]) -> Vec<isize> {
     c_strides_dims(shape).to_vec()
 }
 
+/// A byte stride as a stride in elements of `itemsize` bytes, for descriptors that count bytes
+/// (the CUDA array interface, the buffer protocol, numpy's arrays).
+pub fn element_stride(bytes: i64, itemsize: usize) -> Result<i64> {
+    match bytes.checked_rem(itemsize as i64) {
+        Some(0) => Ok(bytes / itemsize as i64),
+        _ => Err(Error::Stride { bytes, itemsize }),
+    }
+}
+
 /// Refuses more dimensions than DLPack consumers and cubridge's kernels take.
 pub fn check_ndim(ndim: usize) -> Result<()> {
     if ndim > MAX_NDIM {
@@ -906,6 +915,20 @@ mod tests {
         assert!(Layout::from_untrusted(&[2], Some(&[i64::MAX]), 0, 4).is_err());
         assert!(Layout::from_untrusted(&[1; 65], None, 0, 4).is_err());
         assert!(Layout::from_untrusted(&[1; 64], None, 0, 4).is_ok());
+    }
+
+    #[test]
+    fn byte_strides_become_element_strides() {
+        assert_eq!(
+            [(12, 4), (-8, 8), (0, 2)].map(|(b, i)| element_stride(b, i)),
+            [Ok(3), Ok(-1), Ok(0)]
+        );
+        for (bytes, itemsize) in [(6, 4), (4, 0)] {
+            assert_eq!(
+                element_stride(bytes, itemsize),
+                Err(Error::Stride { bytes, itemsize })
+            );
+        }
     }
 
     #[test]

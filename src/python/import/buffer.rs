@@ -62,12 +62,7 @@ fn element_strides(
     // SAFETY: a filled Py_buffer's non-NULL strides hold `ndim` entries, as many as `strides`.
     let bytes = unsafe { std::slice::from_raw_parts(v.strides, strides.len()) };
     for (to, &s) in strides.iter_mut().zip(bytes) {
-        if s % itemsize as isize != 0 {
-            return Err(Error::invalid(format!(
-                "buffer stride {s} is not a multiple of the item size {itemsize}"
-            )));
-        }
-        *to = (s / itemsize as isize) as i64;
+        *to = crate::layout::element_stride(s as i64, itemsize)?;
     }
     Ok(true)
 }

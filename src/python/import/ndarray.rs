@@ -100,15 +100,11 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
     };
     let ndim = usize::try_from(fields.nd).ok().filter(|&n| n <= MAX_DIMS)?;
     let (mut shape, mut strides) = ([0i64; MAX_DIMS], [0i64; MAX_DIMS]);
-    let itemsize = dtype.itemsize() as isize;
     for k in 0..ndim {
         // SAFETY: numpy's dimensions and strides hold `nd` entries each.
         let (d, s) = unsafe { (*fields.dimensions.add(k), *fields.strides.add(k)) };
-        if s % itemsize != 0 {
-            return None;
-        }
         shape[k] = d as i64;
-        strides[k] = (s / itemsize) as i64;
+        strides[k] = crate::layout::element_stride(s as i64, dtype.itemsize()).ok()?;
     }
     let checked = check(&Descriptor {
         data: fields.data as usize,
