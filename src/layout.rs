@@ -7,6 +7,10 @@ use crate::error::{Error, Result};
 /// refused before their shape arrays are read.
 pub const MAX_NDIM: usize = 64;
 
+/// The most dimensions an elementwise kernel walks after merging contiguous ones (`CB_MAX_DIMS`
+/// of `kernels/abi.cuh`), and the most that importers read onto the stack.
+pub const MAX_DIMS: usize = 8;
+
 /// Shape, strides (in elements, may be negative or zero) and the byte offset of the first
 /// element from the start of the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,11 +7,9 @@ use crate::cpu::copy::ElementBytes;
 use crate::cuda::launch::{self as cuda_launch, KernelParam, Params, BLOCK};
 use crate::cuda::{kernels, sys};
 use crate::error::{Error, Result};
+use crate::layout::MAX_DIMS;
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Plan, Variant};
-
-/// Most dimensions a strided operand or a raw array takes after coalescing (`CB_MAX_DIMS`).
-pub const MAX_DIMS: usize = 8;
 
 /// `CbStrided<T>` (`kernels/abi.cuh`): an operand's pointer and element strides over the loop's
 /// shape.
@@ -359,6 +357,7 @@ mod tests {
         assert_eq!(size_of::<Raw>(), 8 + 64 + 64 + 4 + 4 + 8);
         assert_eq!(std::mem::offset_of!(Raw, n), 8 + 64 + 64 + 8);
         assert_eq!(std::mem::offset_of!(Shape, pad), 8 * 8 + 4);
+        assert!(kernels::ABI.contains(&format!("\n#define CB_MAX_DIMS {MAX_DIMS}\n")));
     }
 
     /// Reads parameter `k` of a list as a `T`.

@@ -4,6 +4,7 @@ use crate::array::Array;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Error;
+use crate::layout::{MAX_DIMS, MAX_NDIM};
 use crate::view::{from_descriptor, Descriptor};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -125,7 +126,7 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
     };
     let v = &held.view;
     let ndim = usize::try_from(v.ndim).unwrap_or(usize::MAX);
-    if ndim > crate::layout::MAX_NDIM {
+    if ndim > MAX_NDIM {
         return Err(Error::invalid(format!("buffer ndim {} is out of range", v.ndim)).into());
     }
     let itemsize = usize::try_from(v.itemsize)
@@ -134,10 +135,10 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
         .ok_or_else(|| Error::invalid(format!("buffer itemsize {} is invalid", v.itemsize)))?;
     let dims = direct_dims(v, ndim)?;
     let dtype = format_dtype(v, itemsize)?;
-    // Shape and element strides on the stack for up to 8 dimensions.
-    let (mut shape_buf, mut strides_buf) = ([0i64; 8], [0i64; 8]);
+    // Shape and element strides on the stack for up to MAX_DIMS dimensions.
+    let (mut shape_buf, mut strides_buf) = ([0i64; MAX_DIMS], [0i64; MAX_DIMS]);
     let (mut shape_heap, mut strides_heap) = (Vec::new(), Vec::new());
-    let (shape, strides): (&mut [i64], &mut [i64]) = if ndim <= 8 {
+    let (shape, strides): (&mut [i64], &mut [i64]) = if ndim <= MAX_DIMS {
         (&mut shape_buf[..ndim], &mut strides_buf[..ndim])
     } else {
         shape_heap.resize(ndim, 0);

@@ -10,6 +10,7 @@ use crate::cpu::copy::read_scalar;
 use crate::cpu::element::Scalar;
 use crate::device::Device;
 use crate::dtype::DType;
+use crate::layout::MAX_DIMS;
 use crate::python::Holder;
 use crate::view::{check, Descriptor};
 use pyo3::ffi;
@@ -41,8 +42,6 @@ struct DescrFields {
     type_num: c_int,
 }
 
-/// The most dimensions read here (more take the buffer protocol).
-const MAX_DIMS: usize = 8;
 /// `NPY_ARRAY_WRITEABLE`.
 const WRITEABLE: c_int = 0x0400;
 /// `NPY_HALF`, the last of numpy's built-in type numbers that cubridge reads.
