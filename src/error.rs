@@ -197,6 +197,11 @@ impl Error {
             Error::Export(_) => ErrorKind::Buffer,
             Error::OutOfMemory { .. } => ErrorKind::Memory,
             Error::CudaUnavailable(_) => ErrorKind::CudaUnavailable,
+            // Outside an allocation (a launch, a module load), where no size was asked for.
+            Error::Cuda {
+                code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+                ..
+            } => ErrorKind::Memory,
             Error::Cuda { .. } => ErrorKind::Cuda,
             Error::Compile { .. } => ErrorKind::Compile,
             Error::Incompatible(_) => ErrorKind::Incompatible,
