@@ -68,32 +68,30 @@ fn too_many(what: &str, ndim: usize) -> Error {
     ))
 }
 
+/// The first [`MAX_DIMS`] of `values` as a kernel's array holds them, zero after them.
+fn fixed<T: Copy + TryInto<i64>>(values: &[T]) -> [i64; MAX_DIMS] {
+    let mut out = [0; MAX_DIMS];
+    for (to, &v) in out.iter_mut().zip(values) {
+        *to = v.try_into().unwrap_or(i64::MAX);
+    }
+    out
+}
+
 impl Shape {
     /// The loop's shape, checked against [`MAX_DIMS`].
     pub fn new(shape: &[usize]) -> Result<Shape> {
         if shape.len() > MAX_DIMS {
             return Err(too_many("the loop", shape.len()));
         }
-        let mut d = [0i64; MAX_DIMS];
-        for (k, &e) in shape.iter().enumerate() {
-            d[k] = e as i64;
-        }
-        Ok(Shape {
-            d,
-            ndim: shape.len() as i32,
-            pad: 0,
-        })
+        let (d, ndim) = (fixed(shape), shape.len() as i32);
+        Ok(Shape { d, ndim, pad: 0 })
     }
 }
 
 impl Strided {
     /// `p` with strides `s` over a shape already checked by [`Shape::new`].
     pub fn new(p: *mut u8, s: &[isize]) -> Strided {
-        let mut out = [0i64; MAX_DIMS];
-        for (k, &x) in s.iter().take(MAX_DIMS).enumerate() {
-            out[k] = x as i64;
-        }
-        Strided { p, s: out }
+        Strided { p, s: fixed(s) }
     }
 }
 
@@ -104,19 +102,14 @@ impl Raw {
         if shape.len() > MAX_DIMS {
             return Err(too_many("a raw array", shape.len()));
         }
-        let mut raw = Raw {
+        Ok(Raw {
             p: x.data_ptr(),
-            shape: [0; MAX_DIMS],
-            stride: [0; MAX_DIMS],
+            shape: fixed(&shape),
+            stride: fixed(&strides[0]),
             ndim: shape.len() as i32,
             pad: 0,
             n: x.numel() as i64,
-        };
-        for k in 0..shape.len() {
-            raw.shape[k] = shape[k] as i64;
-            raw.stride[k] = strides[0][k] as i64;
-        }
-        Ok(raw)
+        })
     }
 }
 
