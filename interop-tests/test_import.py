@@ -175,7 +175,7 @@ def test_byte_strides_that_split_an_element_are_refused():
     """The buffer protocol and the CUDA array interface count strides in bytes; one that is not
     a whole number of elements is a ValueError that names the stride and the item size."""
     split = np.lib.stride_tricks.as_strided(np.zeros(16, np.int32), (3,), (6,))
-    with pytest.raises(ValueError, match="stride 6 is not a multiple of the item size 4"):
+    with pytest.raises(ValueError, match="stride 6 is not a multiple of itemsize 4"):
         cb.asarray(memoryview(split))
 
     class Cai:

@@ -160,14 +160,11 @@ pub fn element_stride(bytes: i64, itemsize: usize) -> Result<i64> {
     }
 }
 
-/// Refuses more dimensions than DLPack consumers and cubridge's kernels take.
-pub fn check_ndim(ndim: usize) -> Result<()> {
-    if ndim > MAX_NDIM {
-        return Err(Error::invalid(format!(
-            "{ndim} dimensions is more than the {MAX_NDIM} cubridge supports"
-        )));
-    }
-    Ok(())
+/// `ndim` as a number of dimensions, refused where negative or more than [`MAX_NDIM`] (what
+/// DLPack consumers and cubridge take).
+pub fn check_ndim(ndim: i64) -> Result<usize> {
+    let n = usize::try_from(ndim).ok().filter(|&n| n <= MAX_NDIM);
+    n.ok_or(Error::Dims(ndim))
 }
 
 /// Number of elements of `shape`, or an error if it overflows.
@@ -216,7 +213,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 impl Layout {
     /// A C-contiguous layout for `shape` starting at byte 0.
     pub fn contiguous(shape: &[usize]) -> Result<Layout> {
-        check_ndim(shape.len())?;
+        check_ndim(shape.len() as i64)?;
         checked_numel(shape)?;
         Ok(Layout {
             shape: Dims::from_slice(shape),
@@ -234,12 +231,7 @@ impl Layout {
                 strides.len()
             )));
         }
-        if shape.len() > MAX_NDIM {
-            return Err(Error::invalid(format!(
-                "{} dimensions is more than the {MAX_NDIM} cubridge supports",
-                shape.len()
-            )));
-        }
+        check_ndim(shape.len() as i64)?;
         checked_numel(&shape)?;
         Ok(Layout {
             shape: Dims::from_vec(shape),
@@ -257,12 +249,7 @@ impl Layout {
         byte_offset: u64,
         itemsize: usize,
     ) -> Result<Layout> {
-        if shape.len() > MAX_NDIM {
-            return Err(Error::invalid(format!(
-                "ndim {} is more than the {MAX_NDIM} cubridge supports",
-                shape.len()
-            )));
-        }
+        check_ndim(shape.len() as i64)?;
         let mut dims = Dims::from_fn(shape.len(), |_| 0usize);
         for ((axis, &d), to) in shape.iter().enumerate().zip(dims.iter_mut()) {
             *to = usize::try_from(d).map_err(|_| {
@@ -917,7 +904,11 @@ mod tests {
         assert!(Layout::from_untrusted(&[2, 3], Some(&[1]), 0, 4).is_err());
         assert!(Layout::from_untrusted(&[i64::MAX, 4], None, 0, 4).is_err());
         assert!(Layout::from_untrusted(&[2], Some(&[i64::MAX]), 0, 4).is_err());
-        assert!(Layout::from_untrusted(&[1; 65], None, 0, 4).is_err());
+        assert_eq!(
+            Layout::from_untrusted(&[1; 65], None, 0, 4),
+            Err(Error::Dims(65))
+        );
+        assert_eq!(check_ndim(-1), Err(Error::Dims(-1)));
         assert!(Layout::from_untrusted(&[1; 64], None, 0, 4).is_ok());
     }
 

@@ -4,7 +4,7 @@ use crate::array::Array;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout::{element_stride, Dims, MAX_NDIM};
+use crate::layout::{check_ndim, element_stride, Dims};
 use crate::view::{from_descriptor, Descriptor};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -118,10 +118,7 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
         return Ok(None);
     };
     let v = &held.view;
-    let ndim = usize::try_from(v.ndim).unwrap_or(usize::MAX);
-    if ndim > MAX_NDIM {
-        return Err(Error::invalid(format!("buffer ndim {} is out of range", v.ndim)).into());
-    }
+    let ndim = check_ndim(v.ndim.into())?;
     let itemsize = usize::try_from(v.itemsize)
         .ok()
         .filter(|&i| i > 0)
