@@ -167,6 +167,16 @@ pub fn check_ndim(ndim: i64) -> Result<usize> {
     n.ok_or(Error::Dims(ndim))
 }
 
+/// Refuses strides that are not one per dimension of the shape.
+fn check_strides_len(ndim: usize, strides: usize) -> Result<()> {
+    match ndim == strides {
+        true => Ok(()),
+        false => Err(Error::invalid(format!(
+            "shape has {ndim} dimensions but strides has {strides}"
+        ))),
+    }
+}
+
 /// Number of elements of `shape`, or an error if it overflows.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
     shape
@@ -224,13 +234,7 @@ impl Layout {
 
     /// A layout from trusted parts (shape and strides of equal length).
     pub fn new(shape: Vec<usize>, strides: Vec<isize>, byte_offset: usize) -> Result<Layout> {
-        if shape.len() != strides.len() {
-            return Err(Error::invalid(format!(
-                "shape has {} dimensions but strides has {}",
-                shape.len(),
-                strides.len()
-            )));
-        }
+        check_strides_len(shape.len(), strides.len())?;
         check_ndim(shape.len() as i64)?;
         checked_numel(&shape)?;
         Ok(Layout {
@@ -258,20 +262,13 @@ impl Layout {
         }
         let strides = match strides {
             None => c_strides_dims(&dims),
-            Some(s) if s.len() != dims.len() => {
-                return Err(Error::invalid(format!(
-                    "shape has {} dimensions but strides has {}",
-                    dims.len(),
-                    s.len()
-                )))
-            }
             Some(s) => {
-                let mut strides = Dims::from_fn(s.len(), |_| 0isize);
-                for (to, &v) in strides.iter_mut().zip(s) {
-                    *to = isize::try_from(v)
-                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))?;
-                }
-                strides
+                check_strides_len(dims.len(), s.len())?;
+                let stride = |&v: &i64| {
+                    isize::try_from(v)
+                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))
+                };
+                s.iter().map(stride).collect::<Result<_>>()?
             }
         };
         let byte_offset = usize::try_from(byte_offset)

@@ -101,11 +101,8 @@ fn kernel_params(sig: &Signature, variant: Variant) -> String {
         Slot::Shape => vec!["CbShape g".into()],
         Slot::Tile => vec!["int tile".into()],
     };
-    order(variant)
-        .iter()
-        .flat_map(declare)
-        .collect::<Vec<_>>()
-        .join(", ")
+    let params: Vec<String> = order(variant).iter().flat_map(declare).collect();
+    params.join(", ")
 }
 
 /// Each parameter as a declaration (`strided`: element operands as CbStrided).

@@ -110,11 +110,9 @@ fn element_strides(d: &Bound<'_, PyDict>, dtype: DType) -> PyResult<Option<Vec<i
     let bytes: Vec<i64> = s
         .extract()
         .map_err(|_| bad("'strides' must be a tuple of ints"))?;
-    let to_elements = |&b: &i64| crate::layout::element_stride(b, dtype.itemsize());
-    match bytes.iter().map(to_elements).collect() {
-        Ok(elements) => Ok(Some(elements)),
-        Err(e) => Err(bad(e.to_string())),
-    }
+    let element = |&b: &i64| crate::layout::element_stride(b, dtype.itemsize());
+    let elements = bytes.iter().map(element).collect::<crate::Result<_>>();
+    elements.map(Some).map_err(|e| bad(e.to_string()))
 }
 
 /// The stream an interface (version 3) says its pending writes are on, if it names one.
