@@ -40,6 +40,12 @@ def test_bad_creation_arguments():
         cb.empty((1 << 62,), dtype="int8")
 
 
+def test_memory_errors_name_the_bytes_asked_for_and_the_device():
+    n = 1 << 60
+    with pytest.raises(MemoryError, match=f"could not allocate {4 * n} bytes on cpu"):
+        cb.empty((n,), dtype="int32")
+
+
 def test_dtype_and_device_objects():
     assert cb.float32 == "float32" and str(cb.float32) == "float32"
     assert cb.dtype(np.float16) == cb.float16

@@ -243,6 +243,26 @@ def test_buffer_protocol_objects(obj, dtype, values):
     assert a.readonly == isinstance(obj, bytes)
 
 
+def test_byte_strides_that_split_an_element_are_refused():
+    """The buffer protocol and the CUDA array interface count strides in bytes; one that is not
+    a whole number of elements is a ValueError that names the stride and the item size."""
+    split = np.lib.stride_tricks.as_strided(np.zeros(16, np.int32), (3,), (6,))
+    with pytest.raises(ValueError, match="stride 6 is not a multiple of itemsize 4"):
+        cb.asarray(memoryview(split))
+
+    class Cai:
+        __cuda_array_interface__ = {
+            "version": 3,
+            "shape": (3,),
+            "typestr": "<i4",
+            "data": (0, False),
+            "strides": (6,),
+        }
+
+    with pytest.raises(ValueError, match="__cuda_array_interface__: stride 6 is not a multiple"):
+        cb.asarray(Cai())
+
+
 def test_bytearray_view_is_writable_and_shared():
     buf = bytearray(4)
     a = cb.asarray(buf)

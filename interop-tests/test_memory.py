@@ -234,6 +234,16 @@ def test_memory_is_not_reused_while_a_consumer_still_reads_it(how, path):
 @pytest.mark.whole_gpu
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_out_of_memory_names_the_bytes_asked_for_and_the_device():
+    n = 4 * cb.cuda.mem_info()[1]
+    with pytest.raises(MemoryError, match=f"could not allocate {2 * n} bytes on cuda:0$"):
+        cb.empty((n,), dtype="float16", device="cuda:0")
+    np.testing.assert_array_equal(cb.arange(3, device="cuda").to_numpy(), np.arange(3))
+
+
+@pytest.mark.whole_gpu
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_allocating_adds_and_zeros_keep_memory_flat_and_empty_cache_gives_it_back():
     """mem_info() is the whole device's free memory: run this test with the GPU to itself (not
     beside other pytest-xdist workers, whose allocations it would count)."""

@@ -1,6 +1,7 @@
 //! The one error type of cubridge. Each variant carries the values that explain it; the Python
 //! layer maps every variant to one exception class in one place (`python/errors.rs`).
 
+use crate::layout::MAX_NDIM;
 use cudarc::driver::sys::CUresult;
 use cudarc::nvrtc::sys::nvrtcResult;
 use std::fmt;
@@ -34,6 +35,33 @@ pub enum Error {
         left: Vec<usize>,
         /// The second shape.
         right: Vec<usize>,
+    },
+    /// A byte stride of a foreign descriptor that is not a whole number of elements.
+    Stride {
+        /// The stride in bytes.
+        bytes: i64,
+        /// The element size in bytes.
+        itemsize: usize,
+    },
+    /// A number of dimensions outside the 0 to [`MAX_NDIM`] cubridge supports.
+    Dims(i64),
+    /// A kernel declaration refused: the part (`in_params`, `name`, ...), the text, and why.
+    Declaration {
+        /// The part of the declaration.
+        part: &'static str,
+        /// The text refused.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A launch configuration that CUDA refuses, and the limit it breaks.
+    Launch {
+        /// Blocks along x, y, z.
+        grid: [u32; 3],
+        /// Threads a block along x, y, z.
+        block: [u32; 3],
+        /// CUDA's limit.
+        limit: &'static str,
     },
     /// Any other invalid argument or descriptor field, with a message naming the value.
     Invalid(String),
@@ -150,6 +178,12 @@ impl Error {
         Error::Invalid(message.into())
     }
 
+    /// Shorthand for [`Error::Declaration`].
+    pub fn declaration(part: &'static str, text: &str, why: impl Into<String>) -> Self {
+        let (text, why) = (text.to_string(), why.into());
+        Error::Declaration { part, text, why }
+    }
+
     /// Shorthand for [`Error::Export`].
     pub fn export(message: impl Into<String>) -> Self {
         Error::Export(message.into())
@@ -183,12 +217,20 @@ impl Error {
             Error::UnsupportedDevice(_)
             | Error::DeviceMismatch { .. }
             | Error::Broadcast { .. }
+            | Error::Stride { .. }
+            | Error::Dims(_)
+            | Error::Declaration { .. }
+            | Error::Launch { .. }
             | Error::Invalid(_)
             | Error::ReadOnly(_) => ErrorKind::Value,
             Error::Overflow(_) => ErrorKind::Overflow,
             Error::Export(_) => ErrorKind::Buffer,
             Error::OutOfMemory { .. } => ErrorKind::Memory,
             Error::CudaUnavailable(_) => ErrorKind::CudaUnavailable,
+            // Outside an allocation (a launch, a module load), where no size was asked for.
+            Error::Cuda { code, .. } if *code == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                ErrorKind::Memory
+            }
             Error::Cuda { .. } => ErrorKind::Cuda,
             Error::Compile { .. } => ErrorKind::Compile,
             Error::Incompatible(_) => ErrorKind::Incompatible,
@@ -226,6 +268,14 @@ impl fmt::Display for Error {
                 shape_str(left),
                 shape_str(right)
             ),
+            Error::Stride { bytes, itemsize } => {
+                write!(f, "stride {bytes} is not a multiple of itemsize {itemsize}")
+            }
+            Error::Dims(n) => write!(f, "{n} dimensions: cubridge supports 0 to {MAX_NDIM}"),
+            Error::Declaration { part, text, why } => write!(f, "{part}: {text:?} {why}"),
+            Error::Launch { grid, block, limit } => {
+                write!(f, "grid {grid:?} and block {block:?}: {limit}")
+            }
             Error::Invalid(message)
             | Error::Overflow(message)
             | Error::ReadOnly(message)

@@ -7,6 +7,10 @@ use crate::error::{Error, Result};
 /// refused before their shape arrays are read.
 pub const MAX_NDIM: usize = 64;
 
+/// The most dimensions an elementwise kernel walks after merging contiguous ones (`CB_MAX_DIMS`
+/// of `kernels/abi.cuh`), and the most that importers read onto the stack.
+pub const MAX_DIMS: usize = 8;
+
 /// Shape, strides (in elements, may be negative or zero) and the byte offset of the first
 /// element from the start of the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,14 +151,30 @@ pub fn c_strides(shape: &[usize]) -> Vec<isize> {
     c_strides_dims(shape).to_vec()
 }
 
-/// Refuses more dimensions than DLPack consumers and cubridge's kernels take.
-pub fn check_ndim(ndim: usize) -> Result<()> {
-    if ndim > MAX_NDIM {
-        return Err(Error::invalid(format!(
-            "{ndim} dimensions is more than the {MAX_NDIM} cubridge supports"
-        )));
+/// A byte stride as a stride in elements of `itemsize` bytes, for descriptors that count bytes
+/// (the CUDA array interface, the buffer protocol, numpy's arrays).
+pub fn element_stride(bytes: i64, itemsize: usize) -> Result<i64> {
+    match bytes.checked_rem(itemsize as i64) {
+        Some(0) => Ok(bytes / itemsize as i64),
+        _ => Err(Error::Stride { bytes, itemsize }),
     }
-    Ok(())
+}
+
+/// `ndim` as a number of dimensions, refused where negative or more than [`MAX_NDIM`] (what
+/// DLPack consumers and cubridge take).
+pub fn check_ndim(ndim: i64) -> Result<usize> {
+    let n = usize::try_from(ndim).ok().filter(|&n| n <= MAX_NDIM);
+    n.ok_or(Error::Dims(ndim))
+}
+
+/// Refuses strides that are not one per dimension of the shape.
+fn check_strides_len(ndim: usize, strides: usize) -> Result<()> {
+    match ndim == strides {
+        true => Ok(()),
+        false => Err(Error::invalid(format!(
+            "shape has {ndim} dimensions but strides has {strides}"
+        ))),
+    }
 }
 
 /// Number of elements of `shape`, or an error if it overflows.
@@ -203,7 +223,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 impl Layout {
     /// A C-contiguous layout for `shape` starting at byte 0.
     pub fn contiguous(shape: &[usize]) -> Result<Layout> {
-        check_ndim(shape.len())?;
+        check_ndim(shape.len() as i64)?;
         checked_numel(shape)?;
         Ok(Layout {
             shape: Dims::from_slice(shape),
@@ -214,19 +234,8 @@ impl Layout {
 
     /// A layout from trusted parts (shape and strides of equal length).
     pub fn new(shape: Vec<usize>, strides: Vec<isize>, byte_offset: usize) -> Result<Layout> {
-        if shape.len() != strides.len() {
-            return Err(Error::invalid(format!(
-                "shape has {} dimensions but strides has {}",
-                shape.len(),
-                strides.len()
-            )));
-        }
-        if shape.len() > MAX_NDIM {
-            return Err(Error::invalid(format!(
-                "{} dimensions is more than the {MAX_NDIM} cubridge supports",
-                shape.len()
-            )));
-        }
+        check_strides_len(shape.len(), strides.len())?;
+        check_ndim(shape.len() as i64)?;
         checked_numel(&shape)?;
         Ok(Layout {
             shape: Dims::from_vec(shape),
@@ -244,12 +253,7 @@ impl Layout {
         byte_offset: u64,
         itemsize: usize,
     ) -> Result<Layout> {
-        if shape.len() > MAX_NDIM {
-            return Err(Error::invalid(format!(
-                "ndim {} is more than the {MAX_NDIM} cubridge supports",
-                shape.len()
-            )));
-        }
+        check_ndim(shape.len() as i64)?;
         let mut dims = Dims::from_fn(shape.len(), |_| 0usize);
         for ((axis, &d), to) in shape.iter().enumerate().zip(dims.iter_mut()) {
             *to = usize::try_from(d).map_err(|_| {
@@ -258,20 +262,13 @@ impl Layout {
         }
         let strides = match strides {
             None => c_strides_dims(&dims),
-            Some(s) if s.len() != dims.len() => {
-                return Err(Error::invalid(format!(
-                    "shape has {} dimensions but strides has {}",
-                    dims.len(),
-                    s.len()
-                )))
-            }
             Some(s) => {
-                let mut strides = Dims::from_fn(s.len(), |_| 0isize);
-                for (to, &v) in strides.iter_mut().zip(s) {
-                    *to = isize::try_from(v)
-                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))?;
-                }
-                strides
+                check_strides_len(dims.len(), s.len())?;
+                let stride = |&v: &i64| {
+                    isize::try_from(v)
+                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))
+                };
+                s.iter().map(stride).collect::<Result<_>>()?
             }
         };
         let byte_offset = usize::try_from(byte_offset)
@@ -904,8 +901,26 @@ mod tests {
         assert!(Layout::from_untrusted(&[2, 3], Some(&[1]), 0, 4).is_err());
         assert!(Layout::from_untrusted(&[i64::MAX, 4], None, 0, 4).is_err());
         assert!(Layout::from_untrusted(&[2], Some(&[i64::MAX]), 0, 4).is_err());
-        assert!(Layout::from_untrusted(&[1; 65], None, 0, 4).is_err());
+        assert_eq!(
+            Layout::from_untrusted(&[1; 65], None, 0, 4),
+            Err(Error::Dims(65))
+        );
+        assert_eq!(check_ndim(-1), Err(Error::Dims(-1)));
         assert!(Layout::from_untrusted(&[1; 64], None, 0, 4).is_ok());
+    }
+
+    #[test]
+    fn byte_strides_become_element_strides() {
+        assert_eq!(
+            [(12, 4), (-8, 8), (0, 2)].map(|(b, i)| element_stride(b, i)),
+            [Ok(3), Ok(-1), Ok(0)]
+        );
+        for (bytes, itemsize) in [(6, 4), (4, 0)] {
+            assert_eq!(
+                element_stride(bytes, itemsize),
+                Err(Error::Stride { bytes, itemsize })
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::array::Array;
 use crate::device::Device;
 use crate::dtype::{DType, Kind};
 use crate::error::{Error, Result};
-use crate::layout::{Layout, MAX_NDIM};
+use crate::layout::{check_ndim, Layout};
 use crate::storage::{Buffer, HOST_ALIGN};
 use dlpark::ffi::DLTensor;
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase, TensorRef};
@@ -146,7 +146,7 @@ pub fn check(d: &Descriptor<'_>) -> Result<Checked> {
 /// is rejected.
 pub fn from_managed<M: ManagedTensorBase>(managed: Managed<M>) -> Result<Array> {
     // SAFETY: Managed guarantees a live managed tensor.
-    check_rank(unsafe { managed.tensor() })?;
+    check_ndim(unsafe { managed.tensor() }.ndim.into())?;
     let readonly = managed.flags().contains(DlpackFlags::READ_ONLY);
     let checked = check_tensor(&managed.validate().map_err(invalid_tensor)?, readonly)?;
     // SAFETY: DLPack's contract: the memory stays valid until the deleter runs, which happens when
@@ -160,21 +160,10 @@ pub fn from_managed<M: ManagedTensorBase>(managed: Managed<M>) -> Result<Array> 
 /// # Safety
 /// `tensor`'s shape and strides pointers are readable for `ndim` entries during the call.
 pub unsafe fn check_dltensor(tensor: &DLTensor) -> Result<Checked> {
-    check_rank(tensor)?;
+    check_ndim(tensor.ndim.into())?;
     // SAFETY: the caller's contract.
     let validated = unsafe { TensorRef::from_raw(tensor) }.map_err(invalid_tensor)?;
     check_tensor(&validated, false)
-}
-
-/// Refuses an absurd rank, reading only `ndim` (never the shape array behind it).
-fn check_rank(tensor: &DLTensor) -> Result<()> {
-    let ndim = tensor.ndim;
-    if !(0..=MAX_NDIM as i32).contains(&ndim) {
-        return Err(Error::invalid(format!(
-            "DLPack ndim {ndim} is outside 0..={MAX_NDIM}"
-        )));
-    }
-    Ok(())
 }
 
 fn invalid_tensor(e: dlpark::tensor::Error) -> Error {

@@ -242,16 +242,18 @@ pub fn set_out_of_memory_hook(hook: fn()) {
 }
 
 fn is_oom(e: &Error) -> bool {
-    matches!(e, Error::OutOfMemory { .. })
+    e.cuda_code() == Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)
 }
 
-fn oom(bytes: usize, device: Device) -> impl Fn(Error) -> Error {
-    move |e| match e {
-        Error::OutOfMemory { .. } => Error::OutOfMemory {
+/// The driver's out-of-memory error of an allocation of `bytes` on `device` as
+/// [`Error::OutOfMemory`]; any other error as it is.
+pub(super) fn out_of_memory(bytes: usize, device: Device) -> impl Fn(Error) -> Error {
+    move |e| match is_oom(&e) {
+        true => Error::OutOfMemory {
             bytes,
             device: device.to_string(),
         },
-        other => other,
+        false => e,
     }
 }
 
@@ -307,7 +309,7 @@ impl CudaAlloc {
                 "allocating device memory",
             ),
         })
-        .map_err(oom(bytes, device))?;
+        .map_err(out_of_memory(bytes, device))?;
         if pool.is_none() {
             kind = MemoryKind::Device {
                 ordinal,
@@ -339,8 +341,8 @@ impl CudaAlloc {
         }
         // SAFETY: a context is current; the result is checked.
         let ptr = unsafe { result::malloc_sync(bytes) };
-        let ptr =
-            check(ptr, "allocating device memory").map_err(oom(bytes, Device::Cuda(ordinal)))?;
+        let ptr = check(ptr, "allocating device memory")
+            .map_err(out_of_memory(bytes, Device::Cuda(ordinal)))?;
         count(ordinal, bytes, true);
         Ok(CudaAlloc::new(ptr, bytes, kind))
     }
@@ -372,7 +374,7 @@ impl CudaAlloc {
                 "allocating managed memory",
             ),
         })
-        .map_err(oom(bytes, device))?;
+        .map_err(out_of_memory(bytes, device))?;
         if zeroed {
             // SAFETY: both kinds are host-accessible, `bytes` long; nothing else uses them yet.
             unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };

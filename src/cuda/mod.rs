@@ -136,20 +136,12 @@ pub fn is_image_refusal(code: sys::CUresult) -> bool {
     )
 }
 
-/// Converts a driver result, naming what cubridge was doing.
+/// Converts a driver result, naming what cubridge was doing. An allocation turns the driver's
+/// out-of-memory code into [`Error::OutOfMemory`] with the bytes it asked for (`memory.rs`).
 pub fn check<T>(r: std::result::Result<T, DriverError>, context: &str) -> Result<T> {
-    r.map_err(|e| {
-        if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            Error::OutOfMemory {
-                bytes: 0,
-                device: context.to_string(),
-            }
-        } else {
-            Error::Cuda {
-                code: e.0,
-                context: context.to_string(),
-            }
-        }
+    r.map_err(|e| Error::Cuda {
+        code: e.0,
+        context: context.to_string(),
     })
 }
 
@@ -167,5 +159,14 @@ mod tests {
         assert!(is_image_refusal(CUDA_ERROR_UNSUPPORTED_PTX_VERSION));
         assert!(!is_image_refusal(CUDA_ERROR_OUT_OF_MEMORY));
         assert!(!is_image_refusal(CUDA_ERROR_ILLEGAL_ADDRESS));
+    }
+
+    #[test]
+    fn out_of_memory_keeps_its_code_or_the_bytes_an_allocation_asked_for() {
+        let e = check::<()>(Err(DriverError(CUDA_ERROR_OUT_OF_MEMORY)), "launching").unwrap_err();
+        assert_eq!(e.to_string(), "CUDA_ERROR_OUT_OF_MEMORY while launching");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Memory);
+        let e = memory::out_of_memory(1 << 40, crate::Device::Cuda(1))(e).to_string();
+        assert_eq!(e, "could not allocate 1099511627776 bytes on cuda:1");
     }
 }

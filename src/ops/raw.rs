@@ -182,23 +182,17 @@ fn raw_params(args: &[Arg]) -> Result<Params> {
 /// Refuses a launch configuration CUDA would refuse: an empty grid or block, more than 1024
 /// threads a block (64 along z), or a grid past CUDA's limits.
 fn check_configuration(grid: [u32; 3], block: [u32; 3]) -> Result<()> {
-    if grid.contains(&0) || block.contains(&0) {
-        return Err(Error::invalid(format!(
-            "grid {grid:?} and block {block:?} must be at least 1 in every dimension"
-        )));
-    }
     let threads = block.iter().map(|&b| b as u64).product::<u64>();
-    if threads > 1024 || block[2] > 64 {
-        return Err(Error::invalid(format!(
-            "block {block:?} has {threads} threads; CUDA allows at most 1024 (and 64 along z)"
-        )));
-    }
-    if grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
-        return Err(Error::invalid(format!(
-            "grid {grid:?} is too large (at most 2^31 - 1 along x, 65535 along y and z)"
-        )));
-    }
-    Ok(())
+    let limit = if grid.contains(&0) || block.contains(&0) {
+        "each must be at least 1 in every dimension"
+    } else if threads > 1024 || block[2] > 64 {
+        "a block has at most 1024 threads (and 64 along z)"
+    } else if grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
+        "the grid is too large (at most 2^31 - 1 along x, 65535 along y and z)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Launch { grid, block, limit })
 }
 
 /// Refuses read-only arrays among `args` of kernel `name`: it may write any array it is given.
@@ -214,5 +208,23 @@ fn check_writable(name: &str, args: &[Arg]) -> Result<()> {
              write any array it is given; if the kernel only reads its read-only arguments, pass \
              readonly_ok=True"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launches_past_cudas_limits_name_the_limit() {
+        let limit = |grid, block| match check_configuration(grid, block) {
+            Err(Error::Launch { limit, .. }) => limit,
+            _ => "",
+        };
+        assert!(limit([1, 0, 1], [32, 1, 1]).contains("at least 1"));
+        assert!(limit([1, 1, 1], [64, 32, 1]).contains("1024"));
+        assert!(limit([1, 1, 1], [1, 1, 128]).contains("64 along z"));
+        assert!(limit([1, 65536, 1], [32, 1, 1]).contains("65535"));
+        assert_eq!(limit([i32::MAX as u32, 65535, 65535], [32, 32, 1]), "");
     }
 }

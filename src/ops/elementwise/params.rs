@@ -7,11 +7,9 @@ use crate::cpu::copy::ElementBytes;
 use crate::cuda::launch::{self as cuda_launch, KernelParam, Params, BLOCK};
 use crate::cuda::{kernels, sys};
 use crate::error::{Error, Result};
+use crate::layout::MAX_DIMS;
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Plan, Variant};
-
-/// Most dimensions a strided operand or a raw array takes after coalescing (`CB_MAX_DIMS`).
-pub const MAX_DIMS: usize = 8;
 
 /// `CbStrided<T>` (`kernels/abi.cuh`): an operand's pointer and element strides over the loop's
 /// shape.
@@ -70,32 +68,30 @@ fn too_many(what: &str, ndim: usize) -> Error {
     ))
 }
 
+/// The first [`MAX_DIMS`] of `values` as a kernel's array holds them, zero after them.
+fn fixed<T: Copy + TryInto<i64>>(values: &[T]) -> [i64; MAX_DIMS] {
+    let mut out = [0; MAX_DIMS];
+    for (to, &v) in out.iter_mut().zip(values) {
+        *to = v.try_into().unwrap_or(i64::MAX);
+    }
+    out
+}
+
 impl Shape {
     /// The loop's shape, checked against [`MAX_DIMS`].
     pub fn new(shape: &[usize]) -> Result<Shape> {
         if shape.len() > MAX_DIMS {
             return Err(too_many("the loop", shape.len()));
         }
-        let mut d = [0i64; MAX_DIMS];
-        for (k, &e) in shape.iter().enumerate() {
-            d[k] = e as i64;
-        }
-        Ok(Shape {
-            d,
-            ndim: shape.len() as i32,
-            pad: 0,
-        })
+        let (d, ndim) = (fixed(shape), shape.len() as i32);
+        Ok(Shape { d, ndim, pad: 0 })
     }
 }
 
 impl Strided {
     /// `p` with strides `s` over a shape already checked by [`Shape::new`].
     pub fn new(p: *mut u8, s: &[isize]) -> Strided {
-        let mut out = [0i64; MAX_DIMS];
-        for (k, &x) in s.iter().take(MAX_DIMS).enumerate() {
-            out[k] = x as i64;
-        }
-        Strided { p, s: out }
+        Strided { p, s: fixed(s) }
     }
 }
 
@@ -106,19 +102,14 @@ impl Raw {
         if shape.len() > MAX_DIMS {
             return Err(too_many("a raw array", shape.len()));
         }
-        let mut raw = Raw {
+        Ok(Raw {
             p: x.data_ptr(),
-            shape: [0; MAX_DIMS],
-            stride: [0; MAX_DIMS],
+            shape: fixed(&shape),
+            stride: fixed(&strides[0]),
             ndim: shape.len() as i32,
             pad: 0,
             n: x.numel() as i64,
-        };
-        for k in 0..shape.len() {
-            raw.shape[k] = shape[k] as i64;
-            raw.stride[k] = strides[0][k] as i64;
-        }
-        Ok(raw)
+        })
     }
 }
 
@@ -182,43 +173,80 @@ pub fn kernel(
     })
 }
 
-/// The parameter list of an elementwise kernel for `plan` over `operands` (in the kernel's
-/// parameter order: inputs, then outputs), as `kernels/abi.cuh` lays it out: one parameter per
-/// operand, then the number of indices, then for the strided and tiled variants the loop's
-/// shape, then for the tiled variant its mask.
+/// One entry of an elementwise kernel's parameter list (`kernels/abi.cuh`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// One parameter per operand, inputs then outputs: an element operand's first element (a
+    /// [`Strided`] where `strided`), a value, or a [`Raw`].
+    Operands {
+        /// Whether element operands come with their strides.
+        strided: bool,
+    },
+    /// `long long n`, the number of indices.
+    Count,
+    /// The loop's [`Shape`].
+    Shape,
+    /// The tiled variant's `int` mask.
+    Tile,
+}
+
+/// The parameters of every elementwise kernel of `variant`, in order: the one description that
+/// the generator (`source.rs`) writes and [`list`] lays out.
+pub fn order(variant: Variant) -> &'static [Slot] {
+    use Slot::*;
+    match variant {
+        Variant::Contiguous | Variant::Vector => &[Operands { strided: false }, Count],
+        Variant::Strided => &[Operands { strided: true }, Count, Shape],
+        Variant::Tiled { .. } => &[Operands { strided: true }, Count, Shape, Tile],
+    }
+}
+
+/// The parameter list of an elementwise kernel for `plan` over `operands` (inputs, then
+/// outputs) in the [`order`] of its variant; `tile` is the tiled variant's mask.
 pub fn list<'a>(
     plan: &Plan,
-    operands: impl ExactSizeIterator<Item = Param<'a>>,
+    mut operands: impl ExactSizeIterator<Item = Param<'a>>,
     tile: Option<i32>,
 ) -> Result<Params> {
-    let strided = matches!(plan.variant, Variant::Strided | Variant::Tiled { .. });
     let mut p = Params::with_capacity(
         operands.len() + 3,
         operands.len() * size_of::<Raw>() + size_of::<Shape>() + 16,
     );
     let mut strides = plan.strides.iter();
-    for operand in operands {
-        match operand {
-            Param::Element(a) if strided => {
-                let s = strides.next().ok_or_else(|| {
-                    Error::invalid("internal: more element operands than the plan walks")
-                })?;
-                p.push(Strided::new(a.data_ptr(), s));
+    for slot in order(plan.variant) {
+        match *slot {
+            Slot::Operands { strided } => {
+                for operand in operands.by_ref() {
+                    push_operand(&mut p, operand, strided.then_some(&mut strides))?;
+                }
             }
-            Param::Element(a) => p.push(a.data_ptr()),
-            Param::Value(bytes) => p.push_bytes(bytes.as_bytes()),
-            Param::Raw(a) => p.push(Raw::new(a)?),
+            Slot::Count => p.push(plan.n as i64),
+            Slot::Shape => p.push(Shape::new(&plan.shape)?),
+            Slot::Tile => p.push(tile.ok_or_else(|| Error::invalid("internal: no tile mask"))?),
         }
-    }
-    p.push(plan.n as i64);
-    if strided {
-        p.push(Shape::new(&plan.shape)?);
-    }
-    if let Some(tile) = tile {
-        p.push(tile);
     }
     Ok(p)
 }
+
+/// Pushes `operand` as [`Slot::Operands`] takes it: an element operand with the next of the
+/// plan's `strides` where the variant walks strides.
+fn push_operand(p: &mut Params, operand: Param<'_>, strides: Option<&mut Iter<'_>>) -> Result<()> {
+    match (operand, strides) {
+        (Param::Element(a), Some(strides)) => {
+            let s = strides.next().ok_or_else(|| {
+                Error::invalid("internal: more element operands than the plan walks")
+            })?;
+            p.push(Strided::new(a.data_ptr(), s));
+        }
+        (Param::Element(a), None) => p.push(a.data_ptr()),
+        (Param::Value(bytes), _) => p.push_bytes(bytes.as_bytes()),
+        (Param::Raw(a), _) => p.push(Raw::new(a)?),
+    }
+    Ok(())
+}
+
+/// The plan's strides of its element operands, in turn.
+type Iter<'p> = std::slice::Iter<'p, Vec<isize>>;
 
 /// Launches `kernel` for `plan` over `operands` on `launch`'s stream, with the parameter list
 /// of [`list`]: the one launch of every elementwise kernel, `add`'s and users'.
@@ -322,6 +350,7 @@ mod tests {
         assert_eq!(size_of::<Raw>(), 8 + 64 + 64 + 4 + 4 + 8);
         assert_eq!(std::mem::offset_of!(Raw, n), 8 + 64 + 64 + 8);
         assert_eq!(std::mem::offset_of!(Shape, pad), 8 * 8 + 4);
+        assert!(kernels::ABI.contains(&format!("\n#define CB_MAX_DIMS {MAX_DIMS}\n")));
     }
 
     /// Reads parameter `k` of a list as a `T`.
@@ -367,6 +396,31 @@ mod tests {
             let strides = if b == 0 { &strides[..2] } else { &strides[..] };
             let pointers = [64, 128, b].map(|x| x as *mut u8);
             assert_eq!(pairs_fit(strides, mask, pointers), fits, "{why}");
+        }
+    }
+
+    #[test]
+    fn kernels_declare_as_many_parameters_as_their_list_has() {
+        use super::super::{source, spec::Spec};
+        use crate::{cuda::kernels::Index, ops::plan::Operand, DType, Device};
+        let spec = Spec::new("T x, T y", "T z", "z = x + y", "k", "").unwrap();
+        let (dtypes, roles) = (vec![DType::Float32; 3], vec![source::Role::Element; 3]);
+        let sig = source::Signature { dtypes, roles };
+        let x = Array::zeros(&[4, 6], DType::Float32, Device::Cpu)
+            .unwrap()
+            .transposed();
+        let walked = [Operand::of(&x); 3];
+        use Variant::*;
+        for variant in [Contiguous, Vector, Strided, Tiled { mask: 1 }] {
+            let program = source::program(&spec, &sig, &[false], variant, Index::I64).unwrap();
+            let head = format!("{}(", program.functions[0]);
+            let (_, after) = program.source.split_once(&head).unwrap();
+            let (declared, _) = after.split_once(')').unwrap();
+            let mut plan = Plan::new(&[6, 4], 24, &walked, None, 1, false);
+            plan.variant = variant;
+            let operands = [&x; 3].map(Param::Element).into_iter();
+            let listed = list(&plan, operands, Some(1)).unwrap().len();
+            assert_eq!(declared.split(", ").count(), listed, "{variant:?}");
         }
     }
 

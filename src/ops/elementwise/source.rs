@@ -1,9 +1,10 @@
 //! The CUDA C++ of an elementwise kernel (a user's, or a built-in op such as `add`) for one
 //! call signature: the operation as a device function, and one kernel per variant of the loop
 //! plan and index width, each a program of its own, so that a first call compiles only the
-//! kernel it launches. Their parameters are those of every elementwise kernel
-//! (`kernels/abi.cuh`, laid out by [`super::params::list`]).
+//! kernel it launches. Their parameters are those of every elementwise kernel, in the order of
+//! [`super::params::order`] (`kernels/abi.cuh`), which [`super::params::list`] lays out.
 
+use super::params::{order, Slot};
 use super::spec::Spec;
 use crate::cuda::kernels::{self, c_type, Index, Program};
 use crate::dtype::DType;
@@ -92,16 +93,16 @@ fn prelude(spec: &Spec, sig: &Signature) -> String {
     src
 }
 
-/// The kernel parameters of a variant, as `kernels/abi.cuh` lays them out: per parameter a
-/// pointer (or, `strided`, a CbStrided) for an element operand, a value, or a CbRaw; then n;
-/// then, `strided`, the loop's shape.
-fn kernel_params(sig: &Signature, strided: bool) -> String {
-    let mut list = operand_list(sig, strided);
-    list.push("long long n".into());
-    if strided {
-        list.push("CbShape g".into());
-    }
-    list.join(", ")
+/// The kernel parameters of `variant`, declared in [`order`].
+fn kernel_params(sig: &Signature, variant: Variant) -> String {
+    let declare = |slot: &Slot| match *slot {
+        Slot::Operands { strided } => operand_list(sig, strided),
+        Slot::Count => vec!["long long n".into()],
+        Slot::Shape => vec!["CbShape g".into()],
+        Slot::Tile => vec!["int tile".into()],
+    };
+    let params: Vec<String> = order(variant).iter().flat_map(declare).collect();
+    params.join(", ")
 }
 
 /// Each parameter as a declaration (`strided`: element operands as CbStrided).
@@ -228,7 +229,7 @@ pub fn program(
         src,
         "extern \"C\" __global__ void {function}({}) \
          {{ cbt::{lp}<{ops}, {int}>({ops}{{{{n}}{init}}}, n{shape}); }}",
-        kernel_params(sig, strided)
+        kernel_params(sig, variant)
     );
     Some(finish(spec, sig, src, function))
 }
@@ -357,12 +358,12 @@ pub fn tiled_program(
     let _ = write!(
         src,
         "extern \"C\" __global__ void __launch_bounds__(256, {blocks}) \
-         {function}({}, int tile) {{\n\
+         {function}({}) {{\n\
          const CbTileOp op{{CbInd{{n}}{init}}};\n\
          cbt::tiled<CbTileOp, {ta}, {tb}, {tr}, {int}, {sb}, {pairs}>(op, p{out}.p, p{a}.p, \
          {second}, ({int})g.d[0], ({int})g.d[1], ({int})p{out}.s[0], ({int})p{a}.s[0], \
          ({int})p{a}.s[1], {sb0}, {sb1}, tile);\n}}\n",
-        kernel_params(sig, true)
+        kernel_params(sig, Variant::Tiled { mask: 0 })
     );
     Some(finish(spec, sig, src, function))
 }

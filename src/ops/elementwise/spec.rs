@@ -85,7 +85,7 @@ fn is_identifier(s: &str) -> bool {
 }
 
 /// Parses a parameter list: comma-separated `[raw] TYPE NAME` items, or an empty string.
-pub fn parse_params(text: &str, what: &str) -> Result<Vec<Declared>> {
+pub fn parse_params(text: &str, what: &'static str) -> Result<Vec<Declared>> {
     let mut params = Vec::new();
     for item in text.split(',') {
         let words: Vec<&str> = item.split_whitespace().collect();
@@ -93,25 +93,22 @@ pub fn parse_params(text: &str, what: &str) -> Result<Vec<Declared>> {
             if text.trim().is_empty() {
                 break;
             }
-            return Err(Error::invalid(format!(
-                "{what}: an empty parameter in {text:?}"
-            )));
+            return Err(Error::declaration(what, text, "has an empty parameter"));
         }
         let (raw, rest) = match words.as_slice() {
             ["raw", rest @ ..] => (true, rest),
             rest => (false, rest),
         };
         let [ty, name] = rest else {
-            return Err(Error::invalid(format!(
-                "{what}: {:?} is not `[raw] TYPE NAME` (for example `float32 x`, `raw T w`)",
-                item.trim()
-            )));
+            let why = "is not `[raw] TYPE NAME` (for example `float32 x`, `raw T w`)";
+            return Err(Error::declaration(what, item.trim(), why));
         };
         if !is_identifier(name) || RESERVED.contains(name) {
-            return Err(Error::invalid(format!(
-                "{what}: {name:?} cannot name a parameter (a C identifier other than {})",
+            let why = format!(
+                "cannot name a parameter (a C identifier other than {})",
                 RESERVED.join(", ")
-            )));
+            );
+            return Err(Error::declaration(what, name, why));
         }
         let ty = parse_type(ty, what)?;
         params.push(Declared {
@@ -127,7 +124,7 @@ pub fn parse_params(text: &str, what: &str) -> Result<Vec<Declared>> {
 /// Anything else (a misspelt dtype such as `flaot32`, an alias such as `f4` or `single`, a C
 /// type such as `float` or `size_t`) is refused here, when the kernel is made, rather than
 /// compiling into something else or failing later.
-fn parse_type(ty: &str, what: &str) -> Result<Type> {
+fn parse_type(ty: &str, what: &'static str) -> Result<Type> {
     if let Ok(dtype) = DType::from_name(ty) {
         return Ok(Type::Fixed(dtype));
     }
@@ -141,11 +138,11 @@ fn parse_type(ty: &str, what: &str) -> Result<Type> {
     } else {
         ""
     };
-    Err(Error::invalid(format!(
-        "{what}: {ty:?} is not a type{hint}: give a dtype name ({}) or a type name of one \
-         letter such as T",
-        DType::ALL.map(|d| d.name()).join(", ")
-    )))
+    let dtypes = DType::ALL.map(|d| d.name()).join(", ");
+    let why = format!(
+        "is not a type{hint}: give a dtype name ({dtypes}) or a type name of one letter such as T"
+    );
+    Err(Error::declaration(what, ty, why))
 }
 
 impl Spec {
@@ -161,23 +158,18 @@ impl Spec {
         // No outputs is allowed, as in CuPy: the operation writes through raw parameters.
         let outputs = parse_params(out_params, "out_params")?;
         if !is_identifier(name) {
-            return Err(Error::invalid(format!(
-                "name: {name:?} is not a C identifier"
-            )));
+            return Err(Error::declaration("name", name, "is not a C identifier"));
         }
         let all: Vec<&Declared> = inputs.iter().chain(&outputs).collect();
         for (k, p) in all.iter().enumerate() {
             if all[..k].iter().any(|q| q.name == p.name) {
-                return Err(Error::invalid(format!(
-                    "parameter {:?} is declared twice",
-                    p.name
-                )));
+                let twice = "is declared twice";
+                return Err(Error::declaration("parameter", &p.name, twice));
             }
             if let Type::Generic(t) = &p.ty {
                 if all.iter().any(|q| &q.name == t) {
-                    return Err(Error::invalid(format!(
-                        "type name {t:?} is also a parameter's name"
-                    )));
+                    let why = "is also a parameter's name";
+                    return Err(Error::declaration("type name", t, why));
                 }
             }
         }
@@ -447,18 +439,27 @@ mod tests {
         // No outputs, as in CuPy: the operation writes through raw parameters.
         assert!(Spec::new("raw float32 x", "", "x[i] = 1", "k", "").is_ok());
         assert!(Spec::new("", "", "", "k", "").is_ok());
-        for (ins, outs, why) in [
-            ("float x", "float32 z", "C type"),
-            ("float32", "float32 z", "no name"),
-            ("float32 x y z", "float32 z", "too many words"),
-            ("float32 i", "float32 z", "reserved"),
-            ("float32 x,", "float32 z", "trailing comma"),
-            ("float32 x", "float32 x", "twice"),
-            ("T x", "float32 T", "type named as a parameter"),
+        // Each refusal names the part of the declaration and the text refused.
+        for (ins, outs, name, refused) in [
+            ("float x", "float32 z", "k", ("in_params", "float")),
+            ("float32", "float32 z", "k", ("in_params", "float32")),
+            (
+                "float32 x y z",
+                "float32 z",
+                "k",
+                ("in_params", "float32 x y z"),
+            ),
+            ("float32 i", "float32 z", "k", ("in_params", "i")),
+            ("float32 x,", "float32 z", "k", ("in_params", "float32 x,")),
+            ("float32 x", "float32 x", "k", ("parameter", "x")),
+            ("T x", "float32 T", "k", ("type name", "T")),
+            ("float32 x", "float32 z", "not an id", ("name", "not an id")),
         ] {
-            assert!(Spec::new(ins, outs, "", "k", "").is_err(), "{why}");
+            match Spec::new(ins, outs, "", name, "").err() {
+                Some(Error::Declaration { part, text, .. }) => assert_eq!((part, &*text), refused),
+                other => panic!("{refused:?}: {other:?}"),
+            }
         }
-        assert!(Spec::new("float32 x", "float32 z", "", "not an id", "").is_err());
     }
 
     #[test]

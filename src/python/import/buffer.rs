@@ -3,7 +3,8 @@
 use crate::array::Array;
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::Error;
+use crate::error::{Error, Result};
+use crate::layout::{check_ndim, element_stride, Dims};
 use crate::view::{from_descriptor, Descriptor};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -37,7 +38,7 @@ impl Drop for HeldBuffer {
 }
 
 /// The dtype of a filled buffer's format (`B` where it gives none) and itemsize.
-fn format_dtype(v: &ffi::Py_buffer, itemsize: usize) -> crate::Result<DType> {
+fn format_dtype(v: &ffi::Py_buffer, itemsize: usize) -> Result<DType> {
     if v.format.is_null() {
         return DType::from_buffer_format("B", itemsize);
     }
@@ -49,27 +50,15 @@ fn format_dtype(v: &ffi::Py_buffer, itemsize: usize) -> crate::Result<DType> {
     }
 }
 
-/// A filled buffer's strides in elements, written into `strides` (one entry per dimension);
-/// false where it gives none (C-contiguous).
-fn element_strides(
-    v: &ffi::Py_buffer,
-    itemsize: usize,
-    strides: &mut [i64],
-) -> crate::Result<bool> {
-    if v.strides.is_null() || strides.is_empty() {
-        return Ok(false);
+/// A filled buffer's `ndim` strides in elements; `None` where it gives none (C-contiguous).
+fn element_strides(v: &ffi::Py_buffer, itemsize: usize, ndim: usize) -> Result<Option<Dims<i64>>> {
+    if v.strides.is_null() || ndim == 0 {
+        return Ok(None);
     }
-    // SAFETY: a filled Py_buffer's non-NULL strides hold `ndim` entries, as many as `strides`.
-    let bytes = unsafe { std::slice::from_raw_parts(v.strides, strides.len()) };
-    for (to, &s) in strides.iter_mut().zip(bytes) {
-        if s % itemsize as isize != 0 {
-            return Err(Error::invalid(format!(
-                "buffer stride {s} is not a multiple of the item size {itemsize}"
-            )));
-        }
-        *to = (s / itemsize as isize) as i64;
-    }
-    Ok(true)
+    // SAFETY: a filled Py_buffer's non-NULL strides hold `ndim` entries.
+    let bytes = unsafe { std::slice::from_raw_parts(v.strides, ndim) };
+    let element = |&s: &isize| element_stride(s as i64, itemsize);
+    bytes.iter().map(element).collect::<Result<_>>().map(Some)
 }
 
 /// The object's buffer (`PyBUF_FULL_RO`), held until the box is dropped; `None` where the
@@ -97,7 +86,7 @@ fn get_buffer(obj: &Bound<'_, PyAny>) -> PyResult<Option<Box<HeldBuffer>>> {
 }
 
 /// A filled view's shape, refusing indirect (suboffset) buffers.
-fn direct_dims(v: &ffi::Py_buffer, ndim: usize) -> Result<&[isize], Error> {
+fn direct_dims(v: &ffi::Py_buffer, ndim: usize) -> Result<&[isize]> {
     if ndim > 0 && v.shape.is_null() {
         return Err(Error::invalid("buffer has dimensions but no shape"));
     }
@@ -129,44 +118,26 @@ pub fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
         return Ok(None);
     };
     let v = &held.view;
-    let ndim = usize::try_from(v.ndim).unwrap_or(usize::MAX);
-    if ndim > crate::layout::MAX_NDIM {
-        return Err(Error::invalid(format!("buffer ndim {} is out of range", v.ndim)).into());
-    }
+    let ndim = check_ndim(v.ndim.into())?;
     let itemsize = usize::try_from(v.itemsize)
         .ok()
         .filter(|&i| i > 0)
         .ok_or_else(|| Error::invalid(format!("buffer itemsize {} is invalid", v.itemsize)))?;
     let dims = direct_dims(v, ndim)?;
     let dtype = format_dtype(v, itemsize)?;
-    // Shape and element strides on the stack for up to 8 dimensions.
-    let (mut shape_buf, mut strides_buf) = ([0i64; 8], [0i64; 8]);
-    let (mut shape_heap, mut strides_heap) = (Vec::new(), Vec::new());
-    let (shape, strides): (&mut [i64], &mut [i64]) = if ndim <= 8 {
-        (&mut shape_buf[..ndim], &mut strides_buf[..ndim])
-    } else {
-        shape_heap.resize(ndim, 0);
-        strides_heap.resize(ndim, 0);
-        (&mut shape_heap, &mut strides_heap)
-    };
-    for (to, &d) in shape.iter_mut().zip(dims) {
-        *to = d as i64;
-    }
-    let has_strides = element_strides(v, itemsize, strides)?;
+    // In place for up to four dimensions, as layouts hold them.
+    let shape: Dims<i64> = dims.iter().map(|&d| d as i64).collect();
+    let strides = element_strides(v, itemsize, ndim)?;
     let descriptor = Descriptor {
         data: v.buf as usize,
         byte_offset: 0,
-        shape,
-        strides: has_strides.then_some(&*strides),
+        shape: &shape,
+        strides: strides.as_deref(),
         dtype,
         device: Device::Cpu,
         readonly: v.readonly != 0,
         // Without strides the buffer is C-contiguous and `len` bounds it exactly.
-        len_bytes: if has_strides {
-            None
-        } else {
-            usize::try_from(v.len).ok()
-        },
+        len_bytes: usize::try_from(v.len).ok().filter(|_| strides.is_none()),
     };
     // SAFETY: the exporter keeps the memory valid (and, for resizable objects, fixed) until the
     // view is released, which happens when the boxed HeldBuffer is dropped.

@@ -107,16 +107,12 @@ fn element_strides(d: &Bound<'_, PyDict>, dtype: DType) -> PyResult<Option<Vec<i
     let Some(s) = get(d, "strides")? else {
         return Ok(None);
     };
-    let itemsize = dtype.itemsize() as i64;
     let bytes: Vec<i64> = s
         .extract()
         .map_err(|_| bad("'strides' must be a tuple of ints"))?;
-    if let Some(b) = bytes.iter().find(|&&b| b % itemsize != 0) {
-        return Err(bad(format!(
-            "stride {b} is not a multiple of the item size {itemsize}"
-        )));
-    }
-    Ok(Some(bytes.iter().map(|b| b / itemsize).collect()))
+    let element = |&b: &i64| crate::layout::element_stride(b, dtype.itemsize());
+    let elements = bytes.iter().map(element).collect::<crate::Result<_>>();
+    elements.map(Some).map_err(|e| bad(e.to_string()))
 }
 
 /// The stream an interface (version 3) says its pending writes are on, if it names one.

@@ -10,6 +10,7 @@ use crate::cpu::copy::read_scalar;
 use crate::cpu::element::Scalar;
 use crate::device::Device;
 use crate::dtype::DType;
+use crate::layout::MAX_DIMS;
 use crate::python::Holder;
 use crate::view::{check, Descriptor};
 use pyo3::ffi;
@@ -41,8 +42,6 @@ struct DescrFields {
     type_num: c_int,
 }
 
-/// The most dimensions read here (more take the buffer protocol).
-const MAX_DIMS: usize = 8;
 /// `NPY_ARRAY_WRITEABLE`.
 const WRITEABLE: c_int = 0x0400;
 /// `NPY_HALF`, the last of numpy's built-in type numbers that cubridge reads.
@@ -100,15 +99,11 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
     };
     let ndim = usize::try_from(fields.nd).ok().filter(|&n| n <= MAX_DIMS)?;
     let (mut shape, mut strides) = ([0i64; MAX_DIMS], [0i64; MAX_DIMS]);
-    let itemsize = dtype.itemsize() as isize;
     for k in 0..ndim {
         // SAFETY: numpy's dimensions and strides hold `nd` entries each.
         let (d, s) = unsafe { (*fields.dimensions.add(k), *fields.strides.add(k)) };
-        if s % itemsize != 0 {
-            return None;
-        }
         shape[k] = d as i64;
-        strides[k] = (s / itemsize) as i64;
+        strides[k] = crate::layout::element_stride(s as i64, dtype.itemsize()).ok()?;
     }
     let checked = check(&Descriptor {
         data: fields.data as usize,

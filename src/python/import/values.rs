@@ -314,13 +314,7 @@ fn flatten_array(
 /// Enters dimension `depth` of length `len`: the first time that depth is met (before any value,
 /// else depths are inconsistent) it joins `shape`; later it must have the same length.
 fn enter(depth: usize, len: usize, shape: &mut Vec<usize>, values: &[Item]) -> PyResult<()> {
-    if depth >= crate::layout::MAX_NDIM {
-        return Err(Error::invalid(format!(
-            "sequence nesting is deeper than the {} dimensions cubridge supports",
-            crate::layout::MAX_NDIM
-        ))
-        .into());
-    }
+    crate::layout::check_ndim(depth as i64 + 1)?;
     if depth == shape.len() {
         if !values.is_empty() {
             return Err(Error::invalid("nested sequences have inconsistent depths").into());
