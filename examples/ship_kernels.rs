@@ -35,7 +35,7 @@ fn main() {
         cubridge::cuda::nvrtc::add_search_dirs([PathBuf::from(nvrtc)]);
     }
     let start = Instant::now();
-    let written = cubridge::ops::add::shipped_programs()
+    let written = cubridge::ops::shipped_programs()
         .and_then(|programs| cubridge::cuda::shipped::write(&dir, &archs, &programs));
     match written {
         Ok(files) => {

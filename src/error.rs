@@ -1,7 +1,6 @@
 //! The one error type of cubridge. Each variant carries the values that explain it; the Python
 //! layer maps every variant to one exception class in one place (`python/errors.rs`).
 
-use crate::layout::MAX_NDIM;
 use cudarc::driver::sys::CUresult;
 use cudarc::nvrtc::sys::nvrtcResult;
 use std::fmt;
@@ -43,8 +42,8 @@ pub enum Error {
         /// The element size in bytes.
         itemsize: usize,
     },
-    /// A number of dimensions outside the 0 to [`MAX_NDIM`] cubridge supports.
-    Dims(i64),
+    /// A number of dimensions outside the 0 to `max` cubridge supports (`layout::MAX_NDIM`).
+    Dims { ndim: i64, max: usize },
     /// A kernel declaration refused: the part (`in_params`, `name`, ...), the text, and why.
     Declaration {
         /// The part of the declaration.
@@ -218,7 +217,7 @@ impl Error {
             | Error::DeviceMismatch { .. }
             | Error::Broadcast { .. }
             | Error::Stride { .. }
-            | Error::Dims(_)
+            | Error::Dims { .. }
             | Error::Declaration { .. }
             | Error::Launch { .. }
             | Error::Invalid(_)
@@ -271,7 +270,9 @@ impl fmt::Display for Error {
             Error::Stride { bytes, itemsize } => {
                 write!(f, "stride {bytes} is not a multiple of itemsize {itemsize}")
             }
-            Error::Dims(n) => write!(f, "{n} dimensions: cubridge supports 0 to {MAX_NDIM}"),
+            Error::Dims { ndim, max } => {
+                write!(f, "{ndim} dimensions: cubridge supports 0 to {max}")
+            }
             Error::Declaration { part, text, why } => write!(f, "{part}: {text:?} {why}"),
             Error::Launch { grid, block, limit } => {
                 write!(f, "grid {grid:?} and block {block:?}: {limit}")

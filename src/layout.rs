@@ -164,7 +164,10 @@ pub fn element_stride(bytes: i64, itemsize: usize) -> Result<i64> {
 /// DLPack consumers and cubridge take).
 pub fn check_ndim(ndim: i64) -> Result<usize> {
     let n = usize::try_from(ndim).ok().filter(|&n| n <= MAX_NDIM);
-    n.ok_or(Error::Dims(ndim))
+    n.ok_or(Error::Dims {
+        ndim,
+        max: MAX_NDIM,
+    })
 }
 
 /// Refuses strides that are not one per dimension of the shape.
@@ -903,9 +906,18 @@ mod tests {
         assert!(Layout::from_untrusted(&[2], Some(&[i64::MAX]), 0, 4).is_err());
         assert_eq!(
             Layout::from_untrusted(&[1; 65], None, 0, 4),
-            Err(Error::Dims(65))
+            Err(Error::Dims {
+                ndim: 65,
+                max: MAX_NDIM
+            })
         );
-        assert_eq!(check_ndim(-1), Err(Error::Dims(-1)));
+        assert_eq!(
+            check_ndim(-1),
+            Err(Error::Dims {
+                ndim: -1,
+                max: MAX_NDIM
+            })
+        );
         assert!(Layout::from_untrusted(&[1; 64], None, 0, 4).is_ok());
     }
 

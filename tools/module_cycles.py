@@ -41,7 +41,7 @@ def graph():
         if file.name == "mod.rs":
             here = here + ["mod"]
         text = file.read_text()
-        text = text.split("#[cfg(test)]\nmod tests")[0]  # unit tests may use anything
+        text = re.split(r"#\[cfg\(test\)\]\s*mod ", text)[0]  # test modules may use anything
         text = re.sub(r"//.*", "", text)
         for kind, tail in PATH.findall(text):
             target = resolve(here, kind, tail, modules)

@@ -2,7 +2,7 @@
 //! the common cases in a new process loads machine code instead of running NVRTC.
 //!
 //! `make wheel` compiles them: `cargo run --release --example ship_kernels -- DIR` writes the
-//! programs of [`crate::ops::add::shipped_programs`] as cubins for each architecture it is given,
+//! programs of [`crate::ops::shipped_programs`] as cubins for each architecture it is given,
 //! and a build with `CUBRIDGE_SHIP_KERNELS=DIR` embeds every `NAME-KEY.smARCH.cubin` in DIR (see
 //! `build.rs`). A build without it ships none; everything then compiles on first use as before.
 

@@ -201,7 +201,7 @@ pub(crate) const ALL: [Variant; 4] = [
 /// [`crate::cuda::shipped`]): for every dtype with itself (so that no same-dtype first call
 /// compiles) and float16 and bfloat16 with float32 and float64, add's kernels of every
 /// variant with 32-bit indices (64-bit ones serve only arrays past 2^31 elements), with a
-/// scalar second input, and the casts of copies ([`super::copy::shipped_programs`]).
+/// scalar second input. (With the casts of copies they make [`super::shipped_programs`].)
 pub fn shipped_programs() -> Result<Vec<Program>> {
     let mut all = Vec::new();
     let pairs = DType::ALL.iter().map(|&d| (d, d)).chain(SHIPPED_PAIRS);
@@ -211,7 +211,6 @@ pub fn shipped_programs() -> Result<Vec<Program>> {
             all.extend(programs(a, a, Role::Value, &ALL[..3], Index::I32)?);
         }
     }
-    all.extend(super::copy::shipped_programs());
     Ok(all)
 }
 
@@ -389,7 +388,7 @@ mod compile_tests {
 
     #[test]
     fn shipped_programs_have_distinct_names_and_keys() {
-        let programs = shipped_programs().unwrap();
+        let programs = crate::ops::shipped_programs().unwrap();
         // Every same-dtype add in four variants and with a value in three, eight promotions in
         // four, the copy of every dtype in two, and four casts in four.
         assert_eq!(programs.len(), 15 * 7 + 8 * 4 + 15 * 2 + 4 * 4);

@@ -74,7 +74,7 @@ fn programs(from: DType, to: DType, variants: &[Variant], index: Index) -> Vec<P
     variants.iter().filter_map(program).collect()
 }
 
-/// The casts' programs that ship (see [`crate::ops::add::shipped_programs`]), with 32-bit
+/// The casts' programs that ship (see [`crate::ops::shipped_programs`]), with 32-bit
 /// indices: every dtype into itself in the strided and tiled variants (copies of
 /// non-contiguous arrays), and float32 into and out of float16 and bfloat16 in every variant.
 pub(crate) fn shipped_programs() -> Vec<Program> {
