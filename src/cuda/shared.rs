@@ -110,7 +110,7 @@ pub struct Request {
     pub capture: bool,
 }
 
-/// Memory that `allocate` made: its address, kind ([`MemoryKind`] as [`kind_code`] numbers
+/// Memory that `allocate` made: its address, kind ([`MemoryKind`] as `kind_code` numbers
 /// it) and owner.
 #[repr(C)]
 pub struct Block {

@@ -25,7 +25,7 @@ pub enum Arg {
 
 /// The programs compiled ahead of time and shipped in the build (see
 /// [`crate::cuda::shipped`]): `add`'s ([`add::shipped_programs`]) and the casts of copies
-/// ([`copy::shipped_programs`]).
+/// (`copy::shipped_programs`).
 pub fn shipped_programs() -> crate::Result<Vec<crate::cuda::kernels::Program>> {
     let mut all = add::shipped_programs()?;
     all.extend(copy::shipped_programs());

@@ -258,7 +258,7 @@ impl AnyArray {
 impl<'a, 'py> FromPyObject<'a, 'py> for AnyArray {
     type Error = PyErr;
 
-    /// Imported by the process's runtime (see [`super::runtime::services`]).
+    /// Imported by the process's runtime (its Python layer's services, relayed in an extension).
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<AnyArray> {
         let (array, stream) = (super::runtime::services().import)(&obj)?;
         Ok(AnyArray { array, stream })

@@ -6,8 +6,8 @@
 //! module's runtime.
 
 use cubridge::cuda::kernels::Program;
-use cubridge::cuda::shared::program;
 use cubridge::cuda::launch::{launch, Params, BLOCK};
+use cubridge::cuda::shared::program;
 use cubridge::cuda::stream::Stream;
 use cubridge::ops::launch::Launch;
 use cubridge::python::{prepare_extension, work_stream, AnyArray};
