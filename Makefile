@@ -4,11 +4,25 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(VENV)
 
-.PHONY: demo test test-rust test-python test-example build wheel lint format bench clean
+.PHONY: demo test test-rust test-python test-example build wheel lint format bench clean tools
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+# The tools, checked before anything is made, one line each when one is too old: Python 3.11 or
+# newer (requires-python, the abi3 floor) and Rust at least Cargo.toml's rust-version. Once .venv
+# exists its Python is the one checked.
+PY_FOUND = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+PY_FIX = $(if $(wildcard $(BIN)/python),rm -rf .venv and make,make) PYTHON=python3.11 or newer
+RUST_MIN := $(shell sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+tools:
+	@$(PY_FOUND) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+		v=$$($(PY_FOUND) --version 2>&1) || v="not found"; \
+		echo "cubridge needs Python 3.11 or newer; $(PY_FOUND) is $$v ($(PY_FIX))" >&2; exit 1; }
+	@v=$$(rustc --version 2>/dev/null | cut -d' ' -f2); \
+	printf '%s\n' $(RUST_MIN) "$$v" | sort -V -C || { \
+		echo "cubridge needs Rust $(RUST_MIN) or newer; rustc is $${v:-not found} (rustup update, or https://rustup.rs)" >&2; exit 1; }
+
+# A venv whose creation fails half way is removed, so that the next run starts afresh.
+$(BIN)/python: | tools
+	$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 
 $(VENV)/.build-deps: requirements/build.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -r requirements/build.txt
@@ -48,7 +62,7 @@ demo: build
 ## the example extension crate (examples/extension), built and tested
 test: test-rust test-python test-example
 
-test-rust:
+test-rust: tools
 	cargo test --quiet
 
 test-python: build $(VENV)/.test-deps
