@@ -4,7 +4,7 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(VENV)
 
-.PHONY: demo test test-rust test-python test-example build wheel lint format bench clean tools
+.PHONY: demo test test-rust test-python test-example build wheel lint format bench clean tools notices
 
 # The tools, checked before anything is made, one line each when one is too old: Python 3.11 or
 # newer (requires-python, the abi3 floor) and Rust at least Cargo.toml's rust-version. Once .venv
@@ -72,10 +72,26 @@ test-example: build $(VENV)/.test-deps
 	cd examples/extension && $(BIN)/maturin develop -q
 	$(BIN)/python -m pytest examples/extension/tests -q
 
+## notices: THIRD-PARTY-NOTICES, the licences of the crates the extension is built from (shipped
+## in the wheel), written from Cargo.lock by cargo-about, a pinned copy built into target/tools;
+## (cargo fetch: every platform's crates, so that --frozen finds them; --frozen reads only the
+## crates' own files, so that every run writes the same text)
+ABOUT := $(CURDIR)/target/tools/bin/cargo-about
+NOTICES = cargo fetch --locked --quiet && $(ABOUT) -L error generate --frozen --features python notices.hbs -o
+$(ABOUT):
+	cargo install --quiet --locked --root $(CURDIR)/target/tools cargo-about@0.9.3 --features cli
+
+notices: $(ABOUT)
+	$(NOTICES) THIRD-PARTY-NOTICES
+
 ## lint: formatting and lints that must pass before a commit (CI runs it before the tests):
 ## Rust format and clippy, ruff's lints and format check, the stubs against the extension, and
-## no import circle among src/'s modules beyond the two small pairs inside cuda/
-lint: build $(VENV)/.lint-deps
+## no import circle among src/'s modules beyond the two small pairs inside cuda/, and
+## THIRD-PARTY-NOTICES as make notices writes it from Cargo.lock
+lint: build $(VENV)/.lint-deps $(ABOUT)
+	$(NOTICES) target/THIRD-PARTY-NOTICES
+	cmp -s THIRD-PARTY-NOTICES target/THIRD-PARTY-NOTICES || { \
+		echo "THIRD-PARTY-NOTICES is out of date with Cargo.lock: run make notices" >&2; exit 1; }
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
