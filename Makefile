@@ -4,11 +4,25 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(VENV)
 
-.PHONY: demo test test-rust test-python test-example build wheel lint format bench clean
+.PHONY: demo test test-rust test-python test-example build wheel lint format bench clean tools notices
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+# The tools, checked before anything is made, one line each when one is too old: Python 3.11 or
+# newer (requires-python, the abi3 floor) and Rust at least Cargo.toml's rust-version. Once .venv
+# exists its Python is the one checked.
+PY_FOUND = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+PY_FIX = $(if $(wildcard $(BIN)/python),rm -rf .venv and make,make) PYTHON=python3.11 or newer
+RUST_MIN := $(shell sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+tools:
+	@$(PY_FOUND) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+		v=$$($(PY_FOUND) --version 2>&1) || v="not found"; \
+		echo "cubridge needs Python 3.11 or newer; $(PY_FOUND) is $$v ($(PY_FIX))" >&2; exit 1; }
+	@v=$$(rustc --version 2>/dev/null | cut -d' ' -f2); \
+	printf '%s\n' $(RUST_MIN) "$$v" | sort -V -C || { \
+		echo "cubridge needs Rust $(RUST_MIN) or newer; rustc is $${v:-not found} (rustup update, or https://rustup.rs)" >&2; exit 1; }
+
+# A venv whose creation fails half way is removed, so that the next run starts afresh.
+$(BIN)/python: | tools
+	$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 
 $(VENV)/.build-deps: requirements/build.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -r requirements/build.txt
@@ -48,7 +62,7 @@ demo: build
 ## the example extension crate (examples/extension), built and tested
 test: test-rust test-python test-example
 
-test-rust:
+test-rust: tools
 	cargo test --quiet
 
 test-python: build $(VENV)/.test-deps
@@ -58,10 +72,26 @@ test-example: build $(VENV)/.test-deps
 	cd examples/extension && $(BIN)/maturin develop -q
 	$(BIN)/python -m pytest examples/extension/tests -q
 
+## notices: THIRD-PARTY-NOTICES, the licences of the crates the extension is built from (shipped
+## in the wheel), written from Cargo.lock by cargo-about, a pinned copy built into target/tools;
+## (cargo fetch: every platform's crates, so that --frozen finds them; --frozen reads only the
+## crates' own files, so that every run writes the same text)
+ABOUT := $(CURDIR)/target/tools/bin/cargo-about
+NOTICES = cargo fetch --locked --quiet && $(ABOUT) -L error generate --frozen --features python notices.hbs -o
+$(ABOUT):
+	cargo install --quiet --locked --root $(CURDIR)/target/tools cargo-about@0.9.3 --features cli
+
+notices: $(ABOUT)
+	$(NOTICES) THIRD-PARTY-NOTICES
+
 ## lint: formatting and lints that must pass before a commit (CI runs it before the tests):
 ## Rust format and clippy, ruff's lints and format check, the stubs against the extension, and
-## no import circle among src/'s modules beyond the two small pairs inside cuda/
-lint: build $(VENV)/.lint-deps
+## no import circle among src/'s modules beyond the two small pairs inside cuda/, and
+## THIRD-PARTY-NOTICES as make notices writes it from Cargo.lock
+lint: build $(VENV)/.lint-deps $(ABOUT)
+	$(NOTICES) target/THIRD-PARTY-NOTICES
+	cmp -s THIRD-PARTY-NOTICES target/THIRD-PARTY-NOTICES || { \
+		echo "THIRD-PARTY-NOTICES is out of date with Cargo.lock: run make notices" >&2; exit 1; }
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings

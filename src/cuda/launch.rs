@@ -152,7 +152,7 @@ mod tests {
         p.push_bytes(&[]);
         assert_eq!(p.len(), 4);
         let ptrs = p.pointers();
-        assert!(ptrs.iter().all(|q| (*q as usize) % 16 == 0));
+        assert!(ptrs.iter().all(|q| (*q as usize).is_multiple_of(16)));
         // SAFETY: each pointer addresses the bytes pushed as that type.
         unsafe {
             assert_eq!(*(ptrs[0] as *const u8), 7);

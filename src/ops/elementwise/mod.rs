@@ -163,7 +163,11 @@ impl ElementwiseKernel {
                 false => &outs[k - nin],
             }
         };
-        if plan.variant == Variant::Vector && outs.iter().any(|o| o.data_ptr() as usize % 16 != 0) {
+        if plan.variant == Variant::Vector
+            && outs
+                .iter()
+                .any(|o| !(o.data_ptr() as usize).is_multiple_of(16))
+        {
             plan = self.plan(call, |k| Operand::of(operand(k)), shape);
             function = self.function(launch.ordinal(), call, &plan)?;
         }

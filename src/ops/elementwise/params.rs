@@ -290,7 +290,7 @@ pub unsafe fn launch<'a>(
 /// (bit 0: a, bit 1: b).
 fn pairs_fit(strides: &[&[isize]], tile: i32, pointers: [*mut u8; 3]) -> bool {
     let even = |s: isize| s % 2 == 0;
-    pointers.iter().all(|&p| (p as usize) % 4 == 0)
+    pointers.iter().all(|&p| (p as usize).is_multiple_of(4))
         && even(strides[0][0])
         && [1, 2].into_iter().all(|k| match strides.get(k) {
             None => pointers[k].is_null(),
