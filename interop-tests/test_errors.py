@@ -1,6 +1,8 @@
 """Errors are typed and clear: the exception classes, CUDA on a machine without it, bad
 arguments, capsule misuse."""
 
+import re
+
 import cubridge as cb
 import numpy as np
 import pytest
@@ -76,6 +78,24 @@ def test_numpy_dtypes_of_any_spelling_are_dtypes(alias):
     assert cb.dtype(alias) == cb.dtype(want.name)
     wrong = np.float32 if want != np.float32 else np.float64
     assert a.dtype != wrong and a.dtype != np.dtype(wrong) and wrong != a.dtype
+
+
+DTYPE_NAMES = (
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 "
+    "float16 bfloat16 float32 float64 complex64 complex128"
+).split()
+
+
+@pytest.mark.parametrize("bad", ["float8", "f4", "", object()])
+def test_dtype_errors_list_the_accepted_names(bad):
+    with pytest.raises(TypeError, match="unsupported dtype") as info:
+        cb.zeros(2, dtype=bad)
+    message = str(info.value)
+    missing = [n for n in DTYPE_NAMES if not re.search(rf"\b{n}\b", message)]
+    assert not missing, message
+    # Every name the message offers is accepted.
+    for name in DTYPE_NAMES:
+        assert cb.dtype(name).name == name
 
 
 def test_dtype_equality_refuses_what_numpy_tells_apart():

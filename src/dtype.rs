@@ -198,7 +198,17 @@ impl DType {
             .iter()
             .find(|r| r.name == name)
             .map(|r| r.dtype)
-            .ok_or_else(|| Error::UnsupportedDType(format!("{name:?}")))
+            .ok_or_else(|| DType::unknown(&format!("{name:?}")))
+    }
+
+    /// The error for a dtype, described as `what`, that cubridge does not have; it lists the
+    /// names cubridge accepts.
+    pub fn unknown(what: &str) -> Error {
+        let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+        Error::UnsupportedDType(format!(
+            "{what}; cubridge's dtypes are {}",
+            names.join(", ")
+        ))
     }
 
     /// The kind (bool, int, uint, float, complex).

@@ -1,6 +1,10 @@
 """CUDA devices and streams. Everything here answers honestly on machines without CUDA:
 ``is_available()`` is False, ``device_count()`` is 0, and the rest raises
-``cubridge.CudaUnavailableError``."""
+``cubridge.CudaUnavailableError``.
+
+>>> if cubridge.cuda.is_available():
+...     print(cubridge.cuda.device_count(), cubridge.cuda.mem_info())
+"""
 
 import importlib.util
 import os
@@ -23,29 +27,60 @@ __all__ = [
 
 
 def is_available() -> bool:
-    """Whether a CUDA driver with at least one device is present."""
+    """Whether a CUDA driver with at least one device is present.
+
+    >>> device = "cuda" if cubridge.cuda.is_available() else "cpu"
+    """
     return _cubridge.cuda_is_available()
 
 
 def device_count() -> int:
-    """Number of CUDA devices (0 without a driver)."""
+    """Number of CUDA devices (0 without a driver).
+
+    >>> cubridge.cuda.device_count() >= 0
+    True
+    """
     return _cubridge.cuda_device_count()
 
 
 def synchronize(device=None) -> None:
-    """Blocks until all work on ``device`` (default: the current device) is done."""
+    """Blocks until all work on ``device`` (default: the current device) is done.
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device.
+        CudaUnavailableError: this machine has no CUDA.
+        CudaError: a driver call failed.
+
+    >>> cubridge.cuda.synchronize("cuda:0")
+    """
     _cubridge.cuda_synchronize(device)
 
 
 def mem_info(device=None) -> tuple[int, int]:
-    """Free and total bytes of device memory on ``device`` (default: the current device)."""
+    """Free and total bytes of device memory on ``device`` (default: the current device).
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device.
+        CudaUnavailableError: this machine has no CUDA.
+        CudaError: a driver call failed.
+
+    >>> free, total = cubridge.cuda.mem_info()
+    """
     return _cubridge.cuda_mem_info(device)
 
 
 def empty_cache(device=None) -> None:
     """Gives back to the driver the device memory that the device's pool holds unused (what
     cubridge, and any other user of the pool, freed). Waits for the device first, like
-    ``torch.cuda.empty_cache()``."""
+    ``torch.cuda.empty_cache()``.
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device.
+        CudaUnavailableError: this machine has no CUDA.
+        CudaError: a driver call failed.
+
+    >>> cubridge.cuda.empty_cache()
+    """
     _cubridge.cuda_empty_cache(device)
 
 
@@ -53,7 +88,16 @@ def memory_stats(device=None) -> dict[str, int]:
     """Byte counts for ``device`` (default: the current device): ``allocated_bytes`` (cubridge
     arrays alive now), ``allocated_bytes_peak``, ``allocations`` (made so far), ``reserved_bytes``
     (what the device's pool holds from the driver, for cubridge and every other user of the pool),
-    ``reserved_bytes_peak`` and ``pool_used_bytes`` (handed out by the pool now, to anyone)."""
+    ``reserved_bytes_peak`` and ``pool_used_bytes`` (handed out by the pool now, to anyone).
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device.
+        CudaUnavailableError: this machine has no CUDA.
+        CudaError: a driver call failed.
+
+    >>> cubridge.cuda.memory_stats()["allocated_bytes"]
+    0
+    """
     return _cubridge.cuda_memory_stats(device)
 
 
@@ -61,7 +105,10 @@ def shipped_kernels() -> list[tuple[str, int]]:
     """The kernels compiled ahead of time and shipped in this build, as ``(program, arch)``
     pairs (``arch`` 90 is compute capability 9.0). A call that needs one of them on a device of
     that major version loads it without compiling; wheels built by ``make wheel`` ship add's
-    kernels for the common dtypes, a source build ships none. Works without CUDA."""
+    kernels for the common dtypes, a source build ships none. Works without CUDA.
+
+    >>> archs = {arch for _, arch in cubridge.cuda.shipped_kernels()}
+    """
     return _cubridge.cuda_shipped_kernels()
 
 
@@ -70,14 +117,28 @@ def loaded_programs() -> list[tuple[str, int]]:
     ``ElementwiseKernel``, ``RawKernel``, and those of extension modules built on the ``cubridge``
     crate), as ``(name, device)`` pairs. An elementwise kernel, ``add`` among them, has one
     program per dtype signature and loop variant that a call needed. Each is loaded (shipped,
-    read from a cache, or compiled) once per process and device."""
+    read from a cache, or compiled) once per process and device.
+
+    >>> cubridge.cuda.loaded_programs()
+    []
+    """
     return _cubridge.cuda_loaded_programs()
 
 
 def record_stream(array, stream) -> None:
     """Records that ``array``'s memory is read on ``stream`` (an int, a torch or cupy stream, or
     any object with ``__cuda_stream__``), a use that no protocol reported to cubridge: when the
-    memory is let go, its reuse waits for the work queued on that stream at that time."""
+    memory is let go, its reuse waits for the work queued on that stream at that time.
+
+    Raises:
+        TypeError: ``array`` is not a ``cubridge.Array``.
+        ValueError: ``array`` is not in CUDA device memory, or ``stream`` is None or not a
+            stream.
+
+    >>> a = cubridge.zeros(1024, device="cuda")
+    >>> side = torch.cuda.Stream()
+    >>> cubridge.cuda.record_stream(a, side)  # a's memory waits for side's work when freed
+    """
     _cubridge.cuda_record_stream(array, stream)
 
 

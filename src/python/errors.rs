@@ -15,20 +15,30 @@ create_exception!(
     CudaError,
     PyRuntimeError,
     "A CUDA driver call failed; the message starts with the driver's name for the error, and \
-     `code` is its CUresult."
+     `code` is its CUresult.\n\n\
+     >>> try:\n\
+     ...     cubridge.cuda.synchronize()\n\
+     ... except cubridge.CudaError as e:\n\
+     ...     print(e.code)  # a CUresult, such as 700 for an illegal address"
 );
 create_exception!(
     cubridge,
     CompileError,
     PyRuntimeError,
     "NVRTC could not compile a kernel; the message carries the compiler log, and `code` is \
-     NVRTC's nvrtcResult (None where NVRTC could not be loaded or compiling is off)."
+     NVRTC's nvrtcResult (None where NVRTC could not be loaded or compiling is off).\n\n\
+     >>> try:\n\
+     ...     cubridge.RawKernel('extern \"C\" __global__ void k() { oops; }', \"k\").compile()\n\
+     ... except cubridge.CompileError as e:\n\
+     ...     print(e)  # the compiler log"
 );
 create_exception!(
     cubridge,
     CudaUnavailableError,
     PyRuntimeError,
-    "CUDA was asked for, but this machine has no usable CUDA driver or device."
+    "CUDA was asked for, but this machine has no usable CUDA driver or device.\n\n\
+     >>> if not cubridge.cuda.is_available():\n\
+     ...     cubridge.zeros(2, device=\"cuda\")  # raises CudaUnavailableError"
 );
 
 impl From<Error> for PyErr {

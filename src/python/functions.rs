@@ -57,7 +57,17 @@ fn dtype_or(dtype: Option<&Bound<'_, PyAny>>, default: DType) -> PyResult<DType>
         .map_or(Ok(default), parse_dtype)
 }
 
-/// A new array with unspecified contents.
+/// A new array of `shape` with unspecified contents; `dtype` defaults to float32 and
+/// `device` to "cpu" (or "cuda", "cuda:1", "cuda_host", "cuda_managed").
+///
+/// Raises:
+/// - TypeError: `shape` is not an int or a sequence of ints, or `dtype` is not one cubridge has.
+/// - ValueError: a negative dimension, or an unknown `device`.
+/// - MemoryError: the memory cannot be allocated.
+/// - CudaUnavailableError: a CUDA `device` on a machine without CUDA.
+///
+/// >>> cubridge.empty((2, 3), dtype="int32").shape
+/// (2, 3)
 #[pyfunction]
 #[pyo3(signature = (shape, *, dtype=None, device=None))]
 pub fn empty(
@@ -68,7 +78,17 @@ pub fn empty(
     created(Array::empty, shape, dtype, device)
 }
 
-/// A new array of zeros.
+/// A new array of `shape` filled with zeros; `dtype` defaults to float32 and `device` to
+/// "cpu".
+///
+/// Raises:
+/// - TypeError: `shape` is not an int or a sequence of ints, or `dtype` is not one cubridge has.
+/// - ValueError: a negative dimension, or an unknown `device`.
+/// - MemoryError: the memory cannot be allocated.
+/// - CudaUnavailableError: a CUDA `device` on a machine without CUDA.
+///
+/// >>> cubridge.zeros(3, dtype="int64").to_numpy()
+/// array([0, 0, 0])
 #[pyfunction]
 #[pyo3(signature = (shape, *, dtype=None, device=None))]
 pub fn zeros(
@@ -114,8 +134,17 @@ fn creation_item(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Scalar, Option
     .into())
 }
 
-/// A new array with every element `fill_value`; its dtype, when none is given, is the value's
-/// (see [`creation_value`]).
+/// A new array of `shape` with every element `fill_value`. Without a `dtype`, a numpy scalar
+/// keeps its own and a Python value takes the default of its kind (bool, int64, float32,
+/// complex64).
+///
+/// Raises:
+/// - TypeError: as for `empty`, or `fill_value` is not a bool, int, float or complex, or
+///   does not fit `dtype` (1.5 for int32).
+/// - ValueError, MemoryError, CudaUnavailableError: as for `empty`.
+///
+/// >>> cubridge.full((2,), 7).to_numpy()
+/// array([7, 7])
 #[pyfunction]
 #[pyo3(signature = (shape, fill_value, *, dtype=None, device=None))]
 pub fn full(
@@ -136,7 +165,16 @@ pub fn full(
 }
 
 /// `arange(stop)` or `arange(start, stop, step)`: evenly spaced values in `[start, stop)`, as
-/// numpy makes them (see [`ops::arange`]); without a dtype, see [`arange_dtype`].
+/// numpy makes them. Without a `dtype`, Python ints give int64 and floats float32; numpy
+/// scalars promote as in numpy.
+///
+/// Raises:
+/// - TypeError: a bound or step that is not a number, or a `dtype` cubridge has not.
+/// - ValueError: `step` is zero, or an unknown `device`.
+/// - MemoryError, CudaUnavailableError: as for `empty`.
+///
+/// >>> cubridge.arange(1, 7, 2).to_numpy()
+/// array([1, 3, 5])
 #[pyfunction]
 #[pyo3(signature = (start, /, stop=None, step=None, *, dtype=None, device=None))]
 pub fn arange(
@@ -179,8 +217,19 @@ fn arange_dtype(values: &[(Scalar, Option<DType>)]) -> DType {
         .fold(DType::Int64, DType::result_type)
 }
 
-/// A cubridge array over the memory of any DLPack producer, capsule or buffer-protocol object,
-/// without copying unless `device` differs or `copy=True`.
+/// A cubridge array over the memory of `x` (a DLPack producer such as a numpy, torch, CuPy or
+/// JAX array, a DLPack capsule, a CUDA array interface or buffer-protocol object), without a
+/// copy unless `device` differs or `copy=True`. The array keeps `x` alive.
+///
+/// Raises:
+/// - TypeError: `x` offers none of those protocols, or its dtype is not one cubridge has.
+/// - BufferError: the producer refuses to export (`copy=False` where a copy is needed).
+/// - ValueError: `copy=False` with another `device`, or an unknown `device`.
+/// - CudaError, CudaUnavailableError: a CUDA driver call failed, or CUDA is missing.
+///
+/// >>> import numpy
+/// >>> cubridge.from_dlpack(numpy.arange(3.0)).shape
+/// (3,)
 #[pyfunction]
 #[pyo3(signature = (x, /, *, device=None, copy=None))]
 pub fn from_dlpack(
@@ -198,8 +247,17 @@ pub fn from_dlpack(
     Ok(PyArray::new(finish(py, imported, None, device, copy)?))
 }
 
-/// Like `from_dlpack`, and also takes Python scalars and nested sequences (copied), a `dtype`
-/// (a cast copies) and a `device`.
+/// Like `from_dlpack`, and also takes Python scalars and nested sequences (copied) and a
+/// `dtype` (a cast copies).
+///
+/// Raises:
+/// - TypeError: `obj` is neither an array nor numbers, or a dtype cubridge has not.
+/// - ValueError: `copy=False` where a copy is needed (a sequence, a cast, another device).
+/// - BufferError, CudaError, CudaUnavailableError: as for `from_dlpack`.
+///
+/// >>> cubridge.asarray([[1, 2], [3, 4]], dtype="float64").to_numpy()
+/// array([[1., 2.],
+///        [3., 4.]])
 #[pyfunction]
 #[pyo3(signature = (obj, /, *, dtype=None, device=None, copy=None))]
 pub fn asarray(
@@ -241,7 +299,20 @@ fn copied_values(array: Array, copy: Option<bool>) -> PyResult<PyArray> {
 /// Largest host add (elements of any operand) that runs without letting the GIL go.
 const HOST_GIL_ELEMENTS: usize = 1 << 14;
 
-/// `a + b` into a new array or into `out`; see the README for the rules.
+/// `a + b`, elementwise, into a new array or into `out` (which is returned). `a` and `b` are
+/// arrays of any producer or scalars; shapes broadcast and dtypes promote as in the Array API,
+/// within a kind only (int8 + int32 is int32; int + float is refused). The kernel runs where the
+/// arrays are, on `stream` when given (CUDA arrays only).
+///
+/// Raises:
+/// - TypeError: an operand cubridge cannot read, or dtypes of different kinds.
+/// - ValueError: shapes that do not broadcast, arrays on different devices, an `out` of the
+///   wrong shape, dtype or read-only, or `stream` with host arrays.
+/// - CudaError, CudaUnavailableError: a CUDA driver call failed, or CUDA is missing.
+///
+/// >>> import numpy
+/// >>> cubridge.add(numpy.array([1, 2]), 10).to_numpy()
+/// array([11, 12])
 #[pyfunction]
 #[pyo3(signature = (a, b, /, *, out=None, stream=None))]
 pub fn add(

@@ -11,11 +11,29 @@ use crate::ops::Arg;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-/// An elementwise kernel in CuPy's syntax, callable on arrays of any producer.
+/// `ElementwiseKernel(in_params, out_params, operation, name="kernel", *, preamble="")`: an
+/// elementwise CUDA kernel in CuPy's syntax, run on arrays of any producer. It is compiled by
+/// NVRTC at its first call for each dtype signature.
 ///
 /// As in CuPy, `size=` gives the number of indices where every array is raw (and is refused
 /// otherwise), raw outputs left out are allocated with `size` elements, and a kernel may have
 /// no outputs (`out_params=""`), writing through raw inputs; it then returns `()`.
+///
+/// Raises (construction): ValueError for a declaration it cannot parse.
+///
+/// Calling: `kernel(*inputs, *outputs, out=None, stream=None, size=None)` broadcasts the
+/// inputs, allocates the outputs not given, runs on `stream` (default: the producer's current
+/// stream, else the legacy default stream) and returns the output, or a tuple of them.
+///
+/// Raises (call):
+/// - TypeError: the wrong number of arguments, or dtypes that fit no type parameter.
+/// - ValueError: shapes that do not broadcast, arrays on different or non-CUDA devices, or a
+///   read-only output.
+/// - CompileError: NVRTC rejected the operation (the log is in the message).
+/// - CudaError, CudaUnavailableError: a CUDA driver call failed, or CUDA is missing.
+///
+/// >>> square = cubridge.ElementwiseKernel("T x", "T y", "y = x * x", "square")
+/// >>> y = square(torch.arange(4.0, device="cuda"))  # a new cubridge.Array on cuda:0
 #[pyclass(name = "ElementwiseKernel", module = "cubridge", frozen)]
 pub struct PyElementwiseKernel {
     inner: ElementwiseKernel,
@@ -175,7 +193,8 @@ fn returned(
     Ok(PyTuple::new(py, all)?.into_any().unbind())
 }
 
-/// A CUDA kernel from source (`extern "C"`), launched on arrays of any producer.
+/// `RawKernel(source, name, options=None)`: a CUDA kernel from source (`extern "C"`), launched
+/// on arrays of any producer; NVRTC compiles it at its first launch (or `compile()`).
 ///
 /// Each array is passed as a pointer, which the kernel may write. cubridge cannot see which
 /// pointers it writes, so an array whose producer does not allow writes (a tensor that requires
@@ -186,6 +205,23 @@ fn returned(
 /// Relocatable device code (options `-rdc=true` or `-dc`: device-side launches) is linked with
 /// the CUDA device runtime, `libcudadevrt.a`, looked for where NVRTC is (the `nvidia` pip
 /// packages, `CUDA_HOME/lib64`); the linked code is what the disk cache keeps.
+///
+/// Calling: `kernel(grid, block, args, *, shared_mem=0, stream=None, readonly_ok=False)`
+/// launches `grid` blocks of `block` threads (ints or tuples of up to 3) with `args`, a tuple
+/// of arrays (passed as pointers) and numpy scalars (passed as their C type), and returns None.
+///
+/// Raises (call):
+/// - TypeError: `args` is not a tuple or list, or holds a Python scalar or an unreadable
+///   object.
+/// - ValueError: a grid or block CUDA cannot launch, arrays on different or non-CUDA devices,
+///   or a read-only array without `readonly_ok=True`.
+/// - CompileError: NVRTC rejected the source (the log is in the message).
+/// - CudaError, CudaUnavailableError: a CUDA driver call failed, or CUDA is missing.
+///
+/// >>> src = 'extern "C" __global__ void inc(float* x) { x[threadIdx.x] += 1; }'
+/// >>> k = cubridge.RawKernel(src, "inc")
+/// >>> x = torch.zeros(32, device="cuda")
+/// >>> k(1, 32, (x,))  # x is now all ones
 #[pyclass(name = "RawKernel", module = "cubridge", frozen)]
 pub struct PyRawKernel {
     inner: RawKernel,

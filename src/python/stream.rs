@@ -80,7 +80,17 @@ unsafe impl DlpackStream for Consumer {
     }
 }
 
-/// A CUDA stream owned by cubridge (`cubridge.cuda.Stream`).
+/// `cubridge.cuda.Stream(device=None)`: a new CUDA stream on `device` (default: the current
+/// device), owned by cubridge, for `stream=` arguments of cubridge and of other libraries
+/// (it has `__cuda_stream__`).
+///
+/// Raises:
+/// - ValueError: `device` is not a CUDA device.
+/// - CudaUnavailableError: this machine has no CUDA.
+/// - CudaError: the driver could not create the stream.
+///
+/// >>> s = cubridge.cuda.Stream("cuda:0")
+/// >>> cubridge.add(x, y, stream=s)  # x, y on cuda:0
 #[pyclass(name = "Stream", module = "cubridge.cuda", frozen)]
 pub struct PyStream {
     handle: Stream,

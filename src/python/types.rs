@@ -5,12 +5,18 @@
 use crate::array::Array;
 use crate::device::{Device, DeviceSpec};
 use crate::dtype::DType;
-use crate::error::Error;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyType};
 
 /// An n-dimensional array whose memory cubridge owns, or a zero-copy view of another library's
-/// array that keeps that array alive.
+/// array that keeps that array alive. Made by `empty`, `zeros`, `full`, `arange`, `asarray`,
+/// `from_dlpack` and `add`, not by calling the class; other libraries read it through
+/// `__dlpack__`, the buffer protocol (host memory) and `__cuda_array_interface__`.
+///
+/// >>> import numpy
+/// >>> a = cubridge.arange(3)
+/// >>> numpy.from_dlpack(a)
+/// array([0, 1, 2])
 #[pyclass(name = "Array", module = "cubridge", frozen)]
 pub struct PyArray {
     /// The array.
@@ -24,7 +30,18 @@ impl PyArray {
     }
 }
 
-/// An element type. `str(d)` is its canonical name, and `d == "float32"` holds for float32.
+/// `dtype(name)`: an element type, from its canonical name (bool, int8, int16, int32, int64,
+/// uint8, uint16, uint32, uint64, float16, bfloat16, float32, float64, complex64, complex128),
+/// a numpy dtype or scalar type, or a torch dtype. `str(d)` is the canonical name, and `d`
+/// compares equal to it; `cubridge.float32` and the others are instances.
+///
+/// Raises:
+/// - TypeError: a dtype cubridge does not have (the message lists the names it accepts).
+///
+/// >>> cubridge.dtype("float32") == cubridge.float32 == "float32"
+/// True
+/// >>> cubridge.int16.itemsize
+/// 2
 #[pyclass(name = "dtype", module = "cubridge", frozen)]
 #[derive(Clone, Copy)]
 pub struct PyDType(pub DType);
@@ -75,8 +92,18 @@ impl PyDType {
     }
 }
 
-/// A device. `str(d)` is `"cpu"`, `"cuda:0"`, `"cuda_host"` or `"cuda_managed"`, and `d` compares
-/// equal to that string.
+/// `Device(name)`: a device, from `"cpu"`, `"cuda"` (the current CUDA device), `"cuda:N"`,
+/// `"cuda_host"` (pinned host memory) or `"cuda_managed"`. `str(d)` is the canonical name
+/// (`"cuda:0"`), and `d` compares equal to it.
+///
+/// Raises:
+/// - ValueError: an unknown device name.
+/// - CudaUnavailableError: `"cuda"` on a machine without CUDA.
+///
+/// >>> cubridge.Device("cpu") == "cpu"
+/// True
+/// >>> cubridge.zeros(2).device
+/// cubridge.Device('cpu')
 #[pyclass(name = "Device", module = "cubridge", frozen)]
 #[derive(Clone, Copy)]
 pub struct PyDevice(pub Device);
@@ -154,7 +181,7 @@ pub fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     if let Ok(d) = DType::from_name(text.strip_prefix("torch.").unwrap_or(&text)) {
         return Ok(d);
     }
-    Err(Error::UnsupportedDType(obj.repr()?.to_string()).into())
+    Err(DType::unknown(&obj.repr()?.to_string()).into())
 }
 
 /// numpy's `dtype` and `generic` types, once numpy is loaded (without numpy there are no
@@ -205,7 +232,7 @@ fn numpy_dtype(obj: &Bound<'_, PyAny>) -> Option<PyResult<DType>> {
         if name.extract::<&str>()? == "bfloat16" && itemsize.extract::<usize>()? == 2 {
             return Ok(DType::BFloat16);
         }
-        Err(Error::UnsupportedDType(dtype.repr()?.to_string()).into())
+        Err(DType::unknown(&dtype.repr()?.to_string()).into())
     };
     Some(read())
 }
