@@ -3,7 +3,25 @@
 //! own.
 //!
 //! The core (dtypes, devices, layouts, arrays, views, ops, backends) is plain Rust and builds
-//! without Python; the `python` feature adds the bindings in [`python`].
+//! without Python; the `python` feature adds the bindings (the `python` module).
+//!
+//! Two arrays made on the CPU, added, and the result read back (the same calls take
+//! `Device::Cuda(0)` to run on a GPU):
+//!
+//! ```
+//! use cubridge::cpu::element::Scalar;
+//! use cubridge::{ops, DType, Device};
+//!
+//! let (int, f32, cpu) = (Scalar::Int, DType::Float32, Device::Cpu);
+//! let a = ops::arange(int(0), int(4), int(1), f32, cpu)?;
+//! let b = ops::full(&[4], Scalar::Float(0.5), f32, cpu)?;
+//! let sum = ops::add(&a, &b, None, None)?;
+//! assert_eq!((sum.shape(), sum.dtype()), (&[4][..], DType::Float32));
+//! // SAFETY: `sum` is a new contiguous float32 array in host memory, alive while `values` is.
+//! let values = unsafe { std::slice::from_raw_parts(sum.data_ptr() as *const f32, sum.numel()) };
+//! assert_eq!(values, [0.5, 1.5, 2.5, 3.5]);
+//! # Ok::<(), cubridge::Error>(())
+//! ```
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
