@@ -171,4 +171,20 @@ def _nvidia_library_dirs():
     return found
 
 
-_cubridge._add_nvrtc_search_dirs(_nvidia_library_dirs())
+def _pathfinder_header_dirs():
+    """The CUDA headers' folder as ``cuda.pathfinder`` (installed by PyTorch and cuda-python)
+    finds it, where it is importable; cubridge also searches for the headers itself. The
+    library is left to cubridge's own search, which passes over an NVRTC newer than the
+    driver (pathfinder would load the first one it finds)."""
+    try:
+        from cuda.pathfinder import locate_nvidia_header_directory
+    except ImportError:
+        return []
+    try:
+        found = locate_nvidia_header_directory("cudart")
+    except (RuntimeError, OSError):
+        return []
+    return [found.abs_path] if found is not None and found.abs_path else []
+
+
+_cubridge._add_nvrtc_search_dirs(_nvidia_library_dirs() + _pathfinder_header_dirs())

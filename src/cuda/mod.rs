@@ -11,6 +11,7 @@ pub mod launch;
 pub mod link;
 pub mod memory;
 pub mod nvrtc;
+pub(crate) mod nvrtc_paths;
 pub mod release;
 pub mod shared;
 pub mod shipped;

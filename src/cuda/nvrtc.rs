@@ -4,17 +4,19 @@
 //! `CUBRIDGE_NVRTC=0` switches run-time compilation off.
 
 use super::disk_cache::Entry;
+use super::nvrtc_paths::{self, SearchEnv};
 use crate::error::{Error, Result};
 use cudarc::nvrtc::{result, sys};
 use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-/// Extra directories to look in for libnvrtc (the Python package adds the `nvidia` pip
-/// packages' library folders).
+/// Extra directories to look in for libnvrtc and the CUDA headers (the Python package adds the
+/// `nvidia` pip packages' library folders and the header folder `cuda.pathfinder` finds).
 static SEARCH_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// Adds directories to search for libnvrtc before the system's defaults.
+/// Adds directories to search for libnvrtc, or for the CUDA headers, before the system's
+/// defaults.
 pub fn add_search_dirs(dirs: impl IntoIterator<Item = PathBuf>) {
     let mut list = crate::lock(&SEARCH_DIRS);
     for d in dirs {
@@ -24,73 +26,28 @@ pub fn add_search_dirs(dirs: impl IntoIterator<Item = PathBuf>) {
     }
 }
 
-fn toolkit_dirs(sub: &str) -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(root) = std::env::var_os(var) {
-            dirs.push(PathBuf::from(root).join(sub));
-        }
-    }
-    dirs.push(PathBuf::from("/usr/local/cuda").join(sub));
-    dirs
-}
-
-/// The folders searched for libnvrtc after the library search path: those added, then the
-/// toolkit's.
+/// The folders searched for libnvrtc after the library search path: those added, conda's, then
+/// the toolkits'.
 pub(crate) fn candidate_dirs() -> Vec<PathBuf> {
-    let mut dirs = crate::lock(&SEARCH_DIRS).clone();
-    dirs.extend(toolkit_dirs("lib64"));
-    dirs
+    search_env().library_dirs()
 }
 
-/// Loads NVRTC once per process, or explains where it looked.
+fn search_env() -> SearchEnv {
+    SearchEnv::from_process(crate::lock(&SEARCH_DIRS).clone())
+}
+
+/// Loads NVRTC once per process, or explains where it looked or why the one found does not fit
+/// the driver.
 pub(crate) fn ensure_loaded() -> Result<()> {
     static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
+            let driver = driver_version();
             // SAFETY: only tries to open the library by its usual names.
-            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                return Ok(());
+            if !unsafe { sys::is_culib_present() } {
+                load_from_dirs(driver.map(|d| d.0))?;
             }
-            let dirs = candidate_dirs();
-            for dir in &dirs {
-                let Ok(entries) = std::fs::read_dir(dir) else {
-                    continue;
-                };
-                let mut libs: Vec<PathBuf> = entries
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| {
-                        // Not the `.alt` builds beside them: the same library again, which
-                        // would double the load time.
-                        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                            n.starts_with("libnvrtc") && n.contains(".so") && !n.contains(".alt.")
-                        })
-                    })
-                    .collect();
-                // The builtins library first: NVRTC opens it by name while compiling.
-                libs.sort_by_key(|p| !p.to_string_lossy().contains("builtins"));
-                for lib in libs {
-                    // SAFETY: loading NVRTC runs its initialisers, which have no preconditions.
-                    // The handle is leaked on purpose: NVRTC stays loaded for the process, and
-                    // later opens by soname find this copy.
-                    if let Ok(handle) = unsafe { libloading::Library::new(&lib) } {
-                        std::mem::forget(handle);
-                    }
-                }
-                // SAFETY: as above.
-                if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                    return Ok(());
-                }
-            }
-            Err(format!(
-                "NVRTC (libnvrtc) was not found. cubridge looked on the library search path \
-                 (libnvrtc.so, .so.13, .so.12, ...) and in: {}. Install a CUDA toolkit or the \
-                 nvidia-cuda-nvrtc pip package, or set CUDA_HOME.",
-                dirs.iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
+            check_against_driver(driver)
         })
         .clone()
         .map_err(|log| Error::Compile {
@@ -98,6 +55,85 @@ pub(crate) fn ensure_loaded() -> Result<()> {
             code: None,
             log,
         })
+}
+
+/// The CUDA driver's version (major, minor), where a driver with a device is present.
+fn driver_version() -> Option<(u32, u32)> {
+    if !super::is_available() {
+        return None;
+    }
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: the driver is loaded and initialised (is_available); `v` is a valid out-pointer.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .ok()?;
+    let v = u32::try_from(v).ok()?;
+    Some((v / 1000, v % 1000 / 10))
+}
+
+/// Loads the first NVRTC of the search folders not newer than the driver (`driver_major`).
+fn load_from_dirs(driver_major: Option<u32>) -> std::result::Result<(), String> {
+    let dirs = candidate_dirs();
+    let found: Vec<Vec<PathBuf>> = dirs
+        .iter()
+        .map(|d| nvrtc_paths::nvrtc_files(d))
+        .filter(|files| !files.is_empty())
+        .collect();
+    let majors: Vec<Option<u32>> = found
+        .iter()
+        .map(|files| files.iter().filter_map(|f| nvrtc_paths::major_of(f)).max())
+        .collect();
+    let order = nvrtc_paths::choose(&majors, driver_major).map_err(|(newest, driver)| {
+        format!(
+            "the NVRTC found (CUDA {newest}) is newer than the CUDA driver (CUDA {driver}), \
+             whose code it would not load. Install the NVRTC of CUDA {driver} (pip install \
+             'cubridge[cu{driver}]') or a newer driver."
+        )
+    })?;
+    for i in order {
+        for lib in &found[i] {
+            // SAFETY: loading NVRTC runs its initialisers, which have no preconditions. The
+            // handle is leaked on purpose: NVRTC stays loaded for the process, and later opens
+            // by soname find this copy.
+            if let Ok(handle) = unsafe { libloading::Library::new(lib) } {
+                std::mem::forget(handle);
+            }
+        }
+        // SAFETY: as above.
+        if unsafe { sys::is_culib_present() } {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "NVRTC (libnvrtc) was not found. cubridge looked on the library search path \
+         (libnvrtc.so, .so.13, .so.12, ...) and in: {}. Install the NVRTC pip package \
+         (pip install 'cubridge[cu12]' or 'cubridge[cu13]', as the driver's CUDA version) or a \
+         CUDA toolkit, or set CUDA_HOME.",
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// Refuses the NVRTC loaded when it is newer than the driver (`driver`): its code would not
+/// load. Only checked where a driver is present.
+fn check_against_driver(driver: Option<(u32, u32)>) -> std::result::Result<(), String> {
+    let Some((d_major, d_minor)) = driver else {
+        return Ok(());
+    };
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (is_culib_present); both are valid out-pointers.
+    let read = unsafe { sys::nvrtcVersion(&mut major, &mut minor) }.result();
+    if read.is_ok() && u32::try_from(major).is_ok_and(|m| m > d_major) {
+        return Err(format!(
+            "the NVRTC loaded (version {major}.{minor}) is newer than the CUDA driver \
+             (version {d_major}.{d_minor}), whose code it would not load. \
+             Put the NVRTC of CUDA {d_major} first on the library search path (pip install \
+             'cubridge[cu{d_major}]') or install a newer driver."
+        ));
+    }
+    Ok(())
 }
 
 /// Whether run-time compilation is switched off (`CUBRIDGE_NVRTC=0`): then only kernels shipped
@@ -365,20 +401,14 @@ fn image_of(
     }
 }
 
-/// Folders NVRTC searches for `#include <...>` (the CUDA headers: `cuda_fp16.h`, ...).
+/// Folders NVRTC searches for `#include <...>` (the CUDA headers: `cuda_fp16.h`, ...), found
+/// apart from the library ([`SearchEnv::include_dirs`]).
 fn include_dirs() -> Vec<String> {
-    let mut dirs: Vec<String> = toolkit_dirs("include")
+    search_env()
+        .include_dirs()
         .into_iter()
-        .chain(
-            crate::lock(&SEARCH_DIRS)
-                .iter()
-                .filter_map(|d| d.parent().map(|p| p.join("include"))),
-        )
-        .filter(|d| d.is_dir())
         .map(|d| d.display().to_string())
-        .collect();
-    dirs.dedup();
-    dirs
+        .collect()
 }
 
 /// NVRTC's `log`, followed by each line of `source` that it points at (`file(LINE): ...`), at
