@@ -55,13 +55,15 @@ wheel: $(VENV)/.build-deps $(NVIDIA)/.done
 	CUDA_HOME=$(NVIDIA)/nvidia/cuda_runtime CUBRIDGE_NVRTC_DIR=$(NVIDIA)/nvidia/cuda_nvrtc/lib \
 		cargo run --release --quiet --example ship_kernels -- $(SHIP)
 	rm -f target/wheels/cubridge-*.whl
-	CUBRIDGE_SHIP_KERNELS=$(SHIP) $(BIN)/maturin build --release -q --zig
+	PATH=$(BIN):$$PATH CUBRIDGE_SHIP_KERNELS=$(SHIP) $(BIN)/maturin build --release -q --zig
 
-## wheel-check: auditwheel's verdict on the wheel make wheel built, then the wheel installed
-## into a clean venv (no dependencies) and imported there
+## wheel-check: auditwheel's verdict on the wheel make wheel built (it must be manylinux_2_28),
+## then the wheel installed into a clean venv (no dependencies) and imported there
 CHECK_VENV := $(CURDIR)/target/wheel-check-venv
 wheel-check: $(VENV)/.build-deps
-	$(BIN)/auditwheel show target/wheels/cubridge-*.whl
+	$(BIN)/auditwheel show target/wheels/cubridge-*.whl | tee target/auditwheel.txt
+	tr '\n' ' ' < target/auditwheel.txt | grep -q 'consistent with the following platform tag: "manylinux_2_28_' || { \
+		echo "auditwheel does not find the wheel manylinux_2_28" >&2; exit 1; }
 	rm -rf $(CHECK_VENV) && $(PY_FOUND) -m venv $(CHECK_VENV)
 	$(CHECK_VENV)/bin/python -m pip install -q --no-deps target/wheels/cubridge-*.whl
 	cd / && $(CHECK_VENV)/bin/python -c 'import cubridge, cubridge.cuda; \
