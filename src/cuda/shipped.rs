@@ -60,7 +60,7 @@ fn oldest_of_each_major(supported: &[u32]) -> Vec<u32> {
     archs
 }
 
-/// What [`write`] compiles for `archs`: a cubin for each, and PTX for the newest, so that a
+/// What [`write()`] compiles for `archs`: a cubin for each, and PTX for the newest, so that a
 /// device newer than all of them still loads a shipped image (the driver compiles the PTX).
 pub fn targets(archs: &[u32]) -> Vec<Target> {
     let mut targets: Vec<Target> = archs.iter().map(|&a| Target::Cubin(a)).collect();
