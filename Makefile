@@ -4,7 +4,7 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(VENV)
 
-.PHONY: demo test test-rust test-python test-example build wheel lint format bench clean tools notices
+.PHONY: demo test test-rust test-python test-example build wheel wheel-check lint format bench clean tools notices
 
 # The tools, checked before anything is made, one line each when one is too old: Python 3.11 or
 # newer (requires-python, the abi3 floor) and Rust at least Cargo.toml's rust-version. Once .venv
@@ -40,8 +40,10 @@ $(VENV)/.lint-deps: requirements/lint.txt | $(BIN)/python
 build: $(VENV)/.build-deps
 	$(BIN)/maturin develop --release -q
 
-## wheel: a release wheel in target/wheels that ships add's kernels for the common dtypes,
-## compiled here by NVRTC from the nvidia pip packages (no CUDA toolkit) for sm_80 to sm_120
+## wheel: a release abi3 wheel in target/wheels, manylinux_2_28 for this host's architecture
+## (linked through zig against glibc 2.28, whatever this host's glibc), that ships add's kernels
+## for the common dtypes, compiled here by NVRTC from the nvidia pip packages (no CUDA toolkit):
+## cubins for each major version from sm_80 on that this NVRTC knows, and PTX for the newest
 SHIP := $(CURDIR)/target/shipped-kernels
 NVIDIA := $(VENV)/nvidia-ship
 $(NVIDIA)/.done: requirements/ship.txt | $(BIN)/python
@@ -52,7 +54,20 @@ wheel: $(VENV)/.build-deps $(NVIDIA)/.done
 	rm -rf $(SHIP)
 	CUDA_HOME=$(NVIDIA)/nvidia/cuda_runtime CUBRIDGE_NVRTC_DIR=$(NVIDIA)/nvidia/cuda_nvrtc/lib \
 		cargo run --release --quiet --example ship_kernels -- $(SHIP)
-	CUBRIDGE_SHIP_KERNELS=$(SHIP) $(BIN)/maturin build --release -q
+	rm -f target/wheels/cubridge-*.whl
+	PATH=$(BIN):$$PATH CUBRIDGE_SHIP_KERNELS=$(SHIP) $(BIN)/maturin build --release -q --zig
+
+## wheel-check: auditwheel's verdict on the wheel make wheel built (it must be manylinux_2_28),
+## then the wheel installed into a clean venv (no dependencies) and imported there
+CHECK_VENV := $(CURDIR)/target/wheel-check-venv
+wheel-check: $(VENV)/.build-deps
+	$(BIN)/auditwheel show target/wheels/cubridge-*.whl | tee target/auditwheel.txt
+	tr '\n' ' ' < target/auditwheel.txt | grep -q 'consistent with the following platform tag: "manylinux_2_28_' || { \
+		echo "auditwheel does not find the wheel manylinux_2_28" >&2; exit 1; }
+	rm -rf $(CHECK_VENV) && $(PY_FOUND) -m venv $(CHECK_VENV)
+	$(CHECK_VENV)/bin/python -m pip install -q --no-deps target/wheels/cubridge-*.whl
+	cd / && $(CHECK_VENV)/bin/python -c 'import cubridge, cubridge.cuda; \
+		print("cubridge", cubridge.__file__, len(cubridge.cuda.shipped_kernels()), "cubins shipped")'
 
 ## demo: build, then run examples/demo.py (CUDA when present, else the CPU)
 demo: build

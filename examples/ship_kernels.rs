@@ -1,9 +1,13 @@
-//! Compiles the kernels cubridge ships in its wheel (see `src/cuda/shipped.rs`) with NVRTC, for
-//! each architecture given, into a folder that a build with `CUBRIDGE_SHIP_KERNELS` embeds:
+//! Compiles the kernels cubridge ships in its wheel (see `src/cuda/shipped.rs`) with NVRTC, as
+//! cubins for each architecture given and as PTX for the newest of them, into a folder that a
+//! build with `CUBRIDGE_SHIP_KERNELS` embeds:
 //!
 //! ```text
-//! cargo run --release --example ship_kernels -- DIR [ARCH ...]    (default: 80 90 100 120)
+//! cargo run --release --example ship_kernels -- DIR [ARCH ...]
 //! ```
+//!
+//! Without architectures: the oldest of each major version from sm_80 on that NVRTC knows
+//! (`cubridge::cuda::shipped::default_archs`; 80 90 100 120 for NVRTC 12.9).
 //!
 //! NVRTC is found as at run time (the library search path, `CUDA_HOME`) and in the folder
 //! `$CUBRIDGE_NVRTC_DIR`; the CUDA headers in `$CUDA_HOME/include`. `make wheel` sets both from
@@ -28,15 +32,19 @@ fn main() {
             }
         }
     }
-    if archs.is_empty() {
-        archs = vec![80, 90, 100, 120];
-    }
     if let Some(nvrtc) = std::env::var_os("CUBRIDGE_NVRTC_DIR") {
         cubridge::cuda::nvrtc::add_search_dirs([PathBuf::from(nvrtc)]);
     }
+    if archs.is_empty() {
+        archs = cubridge::cuda::shipped::default_archs().unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1);
+        });
+    }
     let start = Instant::now();
+    let targets = cubridge::cuda::shipped::targets(&archs);
     let written = cubridge::ops::shipped_programs()
-        .and_then(|programs| cubridge::cuda::shipped::write(&dir, &archs, &programs));
+        .and_then(|programs| cubridge::cuda::shipped::write(&dir, &targets, &programs));
     match written {
         Ok(files) => {
             let bytes: u64 = files
@@ -45,7 +53,7 @@ fn main() {
                 .map(|m| m.len())
                 .sum();
             println!(
-                "{} cubins ({} KiB) for sm_{archs:?} in {} in {:.1} s",
+                "{} images ({} KiB), cubins for sm_{archs:?} and PTX for the newest, in {} in {:.1} s",
                 files.len(),
                 bytes / 1024,
                 dir.display(),

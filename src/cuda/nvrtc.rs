@@ -191,7 +191,7 @@ pub enum Target {
 }
 
 /// The architectures the loaded NVRTC compiles for (e.g. 75, 80, ..., 120).
-fn supported_archs() -> Result<&'static [u32]> {
+pub(crate) fn supported_archs() -> Result<&'static [u32]> {
     static ARCHS: OnceLock<std::result::Result<Vec<u32>, result::NvrtcError>> = OnceLock::new();
     ensure_loaded()?;
     ARCHS
