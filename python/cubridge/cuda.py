@@ -178,13 +178,12 @@ def _pathfinder_header_dirs():
     driver (pathfinder would load the first one it finds)."""
     try:
         from cuda.pathfinder import locate_nvidia_header_directory
-    except ImportError:
-        return []
-    try:
+
         found = locate_nvidia_header_directory("cudart")
-    except (RuntimeError, OSError):
+        path = getattr(found, "abs_path", None)
+    except Exception:  # noqa: BLE001 - an optional probe must never stop `import cubridge`
         return []
-    return [found.abs_path] if found is not None and found.abs_path else []
+    return [path] if isinstance(path, str) and path else []
 
 
 _cubridge._add_nvrtc_search_dirs(_nvidia_library_dirs() + _pathfinder_header_dirs())
