@@ -122,7 +122,7 @@ format: $(VENV)/.lint-deps
 	cargo fmt --all
 	$(BIN)/ruff format .
 
-## bench: the CPU add benchmark (GPU benchmarks: see README)
+## bench: the CPU add benchmark (GPU benchmarks: see docs/development.md)
 bench: build
 	$(BIN)/python benches/cpu_add.py
 

@@ -4,7 +4,7 @@
 //! For authors of their own pyo3 extensions, this module is also the way in: [`AnyArray`]
 //! takes any Python array as a `#[pyfunction]` argument, [`work_stream`] picks the stream a
 //! kernel belongs on, [`crate::ops::launch::Launch`] orders and keeps alive what a launch uses,
-//! and a [`crate::Array`] returned from a `#[pyfunction]` is a `cubridge.Array` in Python (see the README's "Writing
+//! and a [`crate::Array`] returned from a `#[pyfunction]` is a `cubridge.Array` in Python (see `docs/extension.md`, "Writing
 //! your own extension" and `examples/extension`).
 
 mod array;
