@@ -147,22 +147,13 @@ fn float_steps(
         check_value_kind(*v, dtype, "arange")?;
     }
     let (a, b) = (first, second);
-    let wide16 = |v: f16| v.to_f32();
-    let wide_bf16 = |v: bf16| v.to_f32();
     let f32_index = |i: usize| i as f32;
     match dtype {
-        DType::Float16 => steps(
-            n,
-            wide16(from(a)),
-            wide16(from(b)),
-            f32_index,
-            dtype,
-            device,
-        ),
+        DType::Float16 => steps(n, half::<f16>(a), half::<f16>(b), f32_index, dtype, device),
         DType::BFloat16 => steps(
             n,
-            wide_bf16(from(a)),
-            wide_bf16(from(b)),
+            half::<bf16>(a),
+            half::<bf16>(b),
             f32_index,
             dtype,
             device,
@@ -170,6 +161,12 @@ fn float_steps(
         DType::Float32 | DType::Complex64 => steps(n, from(a), from(b), f32_index, dtype, device),
         _ => steps(n, from::<f64>(a), from(b), |i| i as f64, dtype, device),
     }
+}
+
+/// `value` rounded once into the 16-bit float `H`, then widened to float32, whose arithmetic
+/// fills its ranges.
+fn half<H: Element + Into<f32>>(value: Scalar) -> f32 {
+    from::<H>(value).into()
 }
 
 /// `value` rounded once into `T`.
