@@ -290,6 +290,8 @@ impl Buffer {
 /// stream is unknown or takes no event (destroyed, capturing). Never waits on the host.
 fn release_after(held: Box<dyn Any + Send + Sync>, consumers: &Consumers) {
     use crate::cuda::stream::Event;
+    // Recording binds the device's context: the thread's own is put back after.
+    let _restore = crate::cuda::context::Restore::new();
     let ordinal = consumers.ordinal;
     let events: Option<Vec<_>> = match consumers.unknown {
         true => None,
