@@ -942,6 +942,7 @@ def test_dlpack_refusals_of_a_device_array():
             a.__dlpack__(dl_device=device)
 
 
+@pytest.mark.whole_gpu
 def test_gigabyte_export_is_freed_after_both_sides_let_go():
     # torch's add_ and CuPy's import load their kernels on first use, which takes device memory
     # they keep: done once before the baseline, so that only the export is measured.
