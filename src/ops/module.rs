@@ -1,14 +1,14 @@
 //! Users' CUDA modules: CUDA C++ compiled with NVRTC (through the same memory and disk cache as
 //! every program, template instances' lowered names included), or a precompiled cubin, PTX or
-//! fatbin file; loaded once per device at first use. Their kernels are [`RawKernel`]s and
-//! their `__device__` and `__constant__` variables arrays over the module's memory.
+//! fatbin file; loaded once per device at first use. Their kernels are raw kernels
+//! (`ops::raw`, which keep the module) and their `__device__` and `__constant__` variables
+//! arrays over the module's memory.
 
 use crate::array::Array;
 use crate::cuda::kernels::{self, Module, Source};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::raw::RawKernel;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -241,13 +241,11 @@ impl RawModule {
         }
     }
 
-    /// The kernel `name` of the module (an `extern "C"` name, a name expression, or a cubin's
-    /// symbol), found on `device` (default: the current device) now; it launches on any
-    /// device, and keeps the module.
-    pub fn kernel(self: &Arc<Self>, name: &str, device: Option<Device>) -> Result<RawKernel> {
+    /// Checks that the module has the kernel `name` (an `extern "C"` name, a name expression,
+    /// or a cubin's symbol), loading it on `device` (default: the current device) first.
+    pub fn find(&self, name: &str, device: Option<Device>) -> Result<()> {
         self.check_instance(name)?;
-        self.function(Self::ordinal(device)?, name)?;
-        Ok(RawKernel::of_module(self.clone(), name))
+        self.function(Self::ordinal(device)?, name).map(|_| ())
     }
 
     /// The `__device__` or `__constant__` variable `name` on `device` (default: the current

@@ -41,8 +41,16 @@ impl RawKernel {
         Ok(RawKernel::of_module(Arc::new(module), name))
     }
 
+    /// The kernel `name` of `module` (an `extern "C"` name, a name expression, or a
+    /// precompiled file's symbol), found on the current device now and on any other at its
+    /// first launch there; it keeps the module.
+    pub fn in_module(module: Arc<RawModule>, name: &str) -> Result<RawKernel> {
+        module.find(name, None)?;
+        Ok(RawKernel::of_module(module, name))
+    }
+
     /// The function `name` of `module`, found on each device at its first launch there.
-    pub(crate) fn of_module(module: Arc<RawModule>, name: &str) -> RawKernel {
+    fn of_module(module: Arc<RawModule>, name: &str) -> RawKernel {
         RawKernel {
             module,
             name: name.to_string(),

@@ -5,6 +5,7 @@ use super::kernels::PyRawKernel;
 use super::types::{parse_device, parse_dtype, PyArray};
 use crate::error::Error;
 use crate::ops::module::RawModule;
+use crate::ops::raw::RawKernel;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 use std::path::PathBuf;
@@ -124,7 +125,8 @@ impl PyRawModule {
     /// CudaUnavailableError.
     fn get_function(&self, py: Python<'_>, name: &str) -> PyResult<PyRawKernel> {
         let _restore = crate::cuda::context::Restore::new();
-        let kernel = py.detach(|| self.inner.kernel(name, None))?;
+        let module = self.inner.clone();
+        let kernel = py.detach(|| RawKernel::in_module(module, name))?;
         Ok(PyRawKernel::from_kernel(kernel))
     }
 
