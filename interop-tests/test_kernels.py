@@ -813,3 +813,252 @@ def test_a_call_loads_only_the_variant_it_runs():
     r = cb.add(a, b)
     np.testing.assert_array_equal(torch.from_dlpack(r).cpu().numpy(), (a + b).cpu().numpy())
     assert len(loaded("add_int8_int32_int32_")) == 1
+
+
+# --- RawModule ---------------------------------------------------------------------------------
+
+MODULE = r"""
+template <typename T> __global__ void axpb(const T* x, T* y, T a, T b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + b;
+}
+__device__ float bias[4];
+__constant__ int factor;
+template <int N> __device__ int table[N];
+extern "C" __global__ void apply(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * factor + bias[i % 4];
+}
+extern "C" __global__ void fill_table(int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) table<3>[i] = 10 * (i + 1);
+}
+"""
+MODULE_NAMES = ["axpb<float>", "axpb<double>", "table<3>"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"code": MODULE, "path": "module.cubin"}],
+    ids=["neither", "both"],
+)
+def test_raw_module_takes_code_or_path(kwargs):
+    with pytest.raises(TypeError, match=r"exactly one of code= .* and path="):
+        cb.RawModule(**kwargs)
+
+
+def test_raw_module_arguments_are_strings():
+    with pytest.raises(TypeError, match="name_expressions entries must be strings; entry 1"):
+        cb.RawModule(code=MODULE, name_expressions=["axpb<float>", 3])
+    with pytest.raises(TypeError, match="name_expressions must be a tuple or list"):
+        cb.RawModule(code=MODULE, name_expressions="axpb<float>")
+    with pytest.raises(TypeError, match="options must be a tuple or list"):
+        cb.RawModule(code=MODULE, options="-DN=1")
+    with pytest.raises(ValueError, match="not a name expression"):
+        cb.RawModule(code=MODULE, name_expressions=[""])
+
+
+def test_raw_module_refuses_what_cannot_apply_to_a_file(tmp_path):
+    """NVRTC's options and name expressions cannot apply to a precompiled file: refused, naming
+    them, rather than ignored; a file that is no module is refused naming the file."""
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(".version 8.0\n.target sm_80\n.address_size 64\n")
+    with pytest.raises(ValueError, match=r'option "-DN=1" cannot apply to the precompiled file'):
+        cb.RawModule(path=ptx, options=("-DN=1",))
+    with pytest.raises(ValueError, match=r'name expression "f<int>" cannot apply'):
+        cb.RawModule(path=str(ptx), name_expressions=["f<int>"])
+    junk = tmp_path / "k.bin"
+    junk.write_bytes(b"MZ\x90\x00 not a module")
+    with pytest.raises(ValueError, match=r"k\.bin is not a cubin, PTX or fatbin"):
+        cb.RawModule(path=junk)
+    with pytest.raises(ValueError, match="cannot read"):
+        cb.RawModule(path=tmp_path / "missing.cubin")
+    cb.RawModule(path=ptx)  # loaded at first use
+
+
+def test_raw_module_template_instances_must_be_name_expressions():
+    """A template instance that NVRTC was not asked to instantiate is named in the error,
+    before anything is compiled (on every machine)."""
+    m = cb.RawModule(code=MODULE, name_expressions=MODULE_NAMES)
+    with pytest.raises(ValueError, match=r"axpb<int> is a template instance that is not in"):
+        m.get_function("axpb<int>")
+    with pytest.raises(ValueError, match=r"table<4> is a template instance"):
+        m.get_global("table<4>")
+
+
+@pytest.mark.skipif(cb.cuda.is_available(), reason="this machine has CUDA")
+def test_without_cuda_modules_are_made_but_raise_when_used():
+    m = cb.RawModule(code=MODULE, name_expressions=MODULE_NAMES)
+    for use in (m.compile, lambda: m.get_function("apply"), lambda: m.get_global("bias")):
+        with pytest.raises(cb.CudaUnavailableError):
+            use()
+
+
+def _raw_modules():
+    return sum(1 for name, _ in cb.cuda.loaded_programs() if name == "raw_module")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_module_template_instances_run_on_torch():
+    """Template instances through name_expressions and extern "C" kernels of one module, which
+    is compiled lazily, once for the device, whatever is asked of it."""
+    source = MODULE + "// template instances\n"
+    before = _raw_modules()
+    m = cb.RawModule(code=source, name_expressions=MODULE_NAMES)
+    assert _raw_modules() == before
+    n = 1000
+    for dtype, instance, scalar in [
+        (torch.float32, "axpb<float>", np.float32),
+        (torch.float64, "axpb<double>", np.float64),
+    ]:
+        k = m.get_function(instance)
+        x = torch.linspace(-3, 3, n, dtype=dtype, device="cuda")
+        y = torch.zeros_like(x)
+        k((n + 255) // 256, 256, (x, y, scalar(2.5), scalar(-1), np.int32(n)))
+        torch.testing.assert_close(y, 2.5 * x - 1, rtol=0, atol=0)
+    m.compile()
+    m.get_function("apply")
+    m.get_global("bias")
+    assert _raw_modules() == before + 1
+    with pytest.raises(cb.CudaError, match=r"`missing`") as e:
+        m.get_function("missing")
+    assert e.value.code == 500  # CUDA_ERROR_NOT_FOUND
+    with pytest.raises(cb.CudaError, match=r"`nothing`"):
+        m.get_global("nothing")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_module_globals_are_written_and_read_in_place():
+    """get_global is a uint8 Array over the variable's bytes (or a typed view of them) that
+    torch and CuPy write and read in place, and that keeps the module."""
+    m = cb.RawModule(code=MODULE, name_expressions=MODULE_NAMES)
+    g = m.get_global("bias")
+    assert (g.dtype, g.shape, str(g.device)) == (cb.uint8, (16,), "cuda:0")
+    bias = torch.from_dlpack(g).view(torch.float32)
+    bias.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    factor = m.get_global("factor", dtype="int32")
+    assert factor.shape == (1,)
+    # A copy from the host, as a __constant__ variable is written (kernels only read it).
+    torch.from_dlpack(factor).copy_(torch.tensor([3], dtype=torch.int32))
+    apply = m.get_function("apply")
+    del m, g
+    gc.collect()
+    n = 10
+    x = torch.arange(n, dtype=torch.float32, device="cuda")
+    apply(1, 32, (x, np.int32(n)))
+    expected = np.arange(n, dtype=np.float32) * 3 + np.tile([1, 2, 3, 4], 3)[:n]
+    np.testing.assert_array_equal(x.cpu().numpy(), expected)
+    np.testing.assert_array_equal(bias.cpu().numpy(), [1, 2, 3, 4])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_module_template_variables_and_typed_views():
+    m = cb.RawModule(code=MODULE, name_expressions=MODULE_NAMES)
+    m.get_function("fill_table")(1, 32, (np.int32(3),))
+    torch.cuda.synchronize()
+    table = m.get_global("table<3>", dtype=np.int32)
+    np.testing.assert_array_equal(torch.from_dlpack(table).cpu().numpy(), [10, 20, 30])
+    as_2d = m.get_global("bias", dtype="float32", shape=(2, 2))
+    assert as_2d.shape == (2, 2)
+    with pytest.raises(ValueError, match="12 bytes"):
+        m.get_global("table<3>", dtype="float64")
+    with pytest.raises(ValueError, match="does not fill it exactly"):
+        m.get_global("bias", dtype="float32", shape=(3,))
+    if cupy is not None:
+        view = cupy.asarray(m.get_global("table<3>", dtype="int32"))
+        view[1] = 7
+        np.testing.assert_array_equal(torch.from_dlpack(table).cpu().numpy(), [10, 7, 30])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_module_links_relocatable_code():
+    m = cb.RawModule(code=DYNAMIC, options=("-rdc=true",))
+    n = 1000
+    y = torch.arange(n, dtype=torch.float32, device="cuda")
+    m.get_function("parent")(1, 32, (y, np.int32(n)))
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(y.cpu().numpy(), 2 * np.arange(n, dtype=np.float32) + 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_raw_module_warm_cache_compiles_nothing(tmp_path):
+    """The module's image and its template instances' lowered names are in the disk cache: a
+    new process finds both there with run-time compilation switched off."""
+    code = (
+        "import numpy as np, torch, cubridge as cb\n"
+        f"m = cb.RawModule(code={MODULE!r}, name_expressions={MODULE_NAMES!r})\n"
+        "x = torch.arange(8, dtype=torch.float64, device='cuda')\n"
+        "y = torch.zeros_like(x)\n"
+        "m.get_function('axpb<double>')(1, 32, (x, y, np.float64(2), np.float64(1), np.int32(8)))\n"
+        "m.get_function('fill_table')(1, 32, (np.int32(3),))\n"
+        "torch.cuda.synchronize()\n"
+        "np.testing.assert_array_equal(y.cpu().numpy(), 2 * np.arange(8) + 1)\n"
+        "t = torch.from_dlpack(m.get_global('table<3>', dtype='int32'))\n"
+        "np.testing.assert_array_equal(t.cpu().numpy(), [10, 20, 30])\n"
+    )
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path))
+    run_child(code, env)
+    assert len(list(tmp_path.glob("*.bin"))) == 1
+    run_child(code, dict(env, CUBRIDGE_NVRTC="0"))
+
+
+def _nvrtc_in_process():
+    """The libnvrtc that cubridge loaded in this process (it matches the driver), by ctypes."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libnvrtc.so" in line}
+    paths = [p for p in paths if "builtins" not in p]
+    return ctypes.CDLL(paths[0]) if paths else None
+
+
+def _nvrtc_image(lib, source, arch):
+    """NVRTC's PTX (arch "compute_NN") or cubin ("sm_NN") for `source`, by NVRTC's C API."""
+    import ctypes
+
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"f.cu", 0, None, None) == 0
+    opts = (ctypes.c_char_p * 1)(f"--gpu-architecture={arch}".encode())
+    assert lib.nvrtcCompileProgram(prog, 1, opts) == 0
+    size = ctypes.c_size_t()
+    kind = "CUBIN" if arch.startswith("sm_") else "PTX"
+    assert getattr(lib, f"nvrtcGet{kind}Size")(prog, ctypes.byref(size)) == 0
+    buf = ctypes.create_string_buffer(size.value)
+    assert getattr(lib, f"nvrtcGet{kind}")(prog, buf) == 0
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return buf.raw
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@pytest.mark.parametrize("kind", ["ptx", "cubin"])
+def test_raw_module_loads_precompiled_files(kind, tmp_path):
+    """A PTX or cubin file (told by its first bytes) loads with path=; its kernels run and its
+    variables are arrays, as a compiled module's."""
+    source = (
+        '__device__ int counter;\nextern "C" __global__ void inc(float* x, int n) {\n'
+        "  int i = threadIdx.x; if (i < n) { x[i] += 1; atomicAdd(&counter, 1); } }\n"
+    )
+    # cubridge loads its NVRTC to compile a source that is in no cache.
+    cb.RawKernel(f"{SCALE}// {os.getpid()} {time.time()}", "scale").compile()
+    lib = _nvrtc_in_process()
+    if lib is None:
+        pytest.skip("no NVRTC loaded in this process")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{'compute' if kind == 'ptx' else 'sm'}_{major}{minor}"
+    path = tmp_path / f"inc.{kind}"
+    image = _nvrtc_image(lib, source, arch)
+    # PTX as a text file holds it, without NVRTC's terminating NUL (cubridge adds one).
+    path.write_bytes(image.rstrip(b"\0") if kind == "ptx" else image)
+    m = cb.RawModule(path=path)
+    x = torch.zeros(20, device="cuda")
+    m.get_function("inc")(1, 32, (x, np.int32(20)))
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(x.cpu().numpy(), np.ones(20, np.float32))
+    counter = torch.from_dlpack(m.get_global("counter", dtype="int32"))
+    assert counter.item() == 20

@@ -1,6 +1,7 @@
 """Type stubs for the compiled extension (checked against it by `make lint`'s stubtest and by
 interop-tests/test_stubs.py)."""
 
+import os
 from collections.abc import Sequence
 from typing import Any, ClassVar, SupportsIndex, TypeVar, final, overload
 
@@ -201,3 +202,25 @@ class RawKernel:
         stream: Any | None = None,
         readonly_ok: bool = False,
     ) -> None: ...
+
+@final
+class RawModule:
+    """A CUDA module: CUDA C++ ``code`` compiled by NVRTC, or a precompiled cubin, PTX or fatbin
+    file at ``path`` (exactly one). Compiled and loaded at its first ``get_function``,
+    ``get_global`` or ``compile()``, once per device; the compiled code and the lowered names of
+    its ``name_expressions`` are kept in the disk cache. ``options`` and ``name_expressions``
+    are refused with ``path``.
+    """
+
+    def __new__(
+        cls,
+        code: str | None = None,
+        path: str | os.PathLike[str] | None = None,
+        options: Sequence[str] | None = (),
+        name_expressions: Sequence[str] | None = None,
+    ) -> RawModule: ...
+    def compile(self, device: _Device = None) -> None: ...
+    def get_function(self, name: str) -> RawKernel: ...
+    def get_global(
+        self, name: str, dtype: _DType | None = None, shape: int | Sequence[int] | None = None
+    ) -> Array: ...

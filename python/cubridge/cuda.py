@@ -114,8 +114,9 @@ def shipped_kernels() -> list[tuple[str, int]]:
 
 def loaded_programs() -> list[tuple[str, int]]:
     """The programs loaded in this process so far (``add``'s and device copies' kernels,
-    ``ElementwiseKernel``, ``RawKernel``, and those of extension modules built on the ``cubridge``
-    crate), as ``(name, device)`` pairs. An elementwise kernel, ``add`` among them, has one
+    ``ElementwiseKernel``, ``RawKernel``, ``RawModule`` (named ``raw_module``; files given by
+    ``path`` are not listed), and those of extension modules built on the ``cubridge`` crate), as
+    ``(name, device)`` pairs. An elementwise kernel, ``add`` among them, has one
     program per dtype signature and loop variant that a call needed. Each is loaded (shipped,
     read from a cache, or compiled) once per process and device.
 

@@ -167,6 +167,41 @@ pub fn any_version(key: &str, arch: u32) -> Option<(i32, i32)> {
         .max()
 }
 
+/// What the cache keeps of a module: its `image` alone when it has no name expressions, else
+/// the image, the lowered names (each followed by a NUL) and their byte count (8 bytes, little
+/// endian), so that a later process maps name expressions without NVRTC.
+pub fn with_names(image: &[u8], lowered: &[String]) -> Vec<u8> {
+    let mut payload = image.to_vec();
+    if lowered.is_empty() {
+        return payload;
+    }
+    let start = payload.len();
+    for name in lowered {
+        payload.extend_from_slice(name.as_bytes());
+        payload.push(0);
+    }
+    let len = (payload.len() - start) as u64;
+    payload.extend_from_slice(&len.to_le_bytes());
+    payload
+}
+
+/// The image and the `n` lowered names of a payload made by [`with_names`], or `None` when it
+/// does not hold exactly `n` names.
+pub fn split_names(payload: &[u8], n: usize) -> Option<(&[u8], Vec<String>)> {
+    if n == 0 {
+        return Some((payload, Vec::new()));
+    }
+    let (rest, len) = payload.split_at_checked(payload.len().checked_sub(8)?)?;
+    let len = usize::try_from(u64::from_le_bytes(len.try_into().ok()?)).ok()?;
+    let (image, names) = rest.split_at_checked(rest.len().checked_sub(len)?)?;
+    let names = names.strip_suffix(&[0])?;
+    let names: Vec<String> = names
+        .split(|&b| b == 0)
+        .map(|b| String::from_utf8(b.to_vec()).ok())
+        .collect::<Option<_>>()?;
+    (names.len() == n && !image.is_empty()).then_some((image, names))
+}
+
 /// Deletes a damaged entry, saying so once per process.
 fn discard(path: &Path, why: &str) {
     static WARNED: AtomicBool = AtomicBool::new(false);
@@ -253,6 +288,24 @@ mod tests {
             );
         }
         assert_eq!(e.check(&file(&e, &[])), Err("empty image"));
+    }
+
+    #[test]
+    fn lowered_names_travel_after_the_image() {
+        let image = b"\x7fELF image bytes".to_vec();
+        let names = vec!["_Z3addIfEvPT_".to_string(), "_Z5tableILi3EE".to_string()];
+        let payload = with_names(&image, &names);
+        assert_eq!(split_names(&payload, 2), Some((&image[..], names.clone())));
+        assert_eq!(with_names(&image, &[]), image);
+        assert_eq!(split_names(&image, 0), Some((&image[..], vec![])));
+        // Another number of names, a damaged length, or too short a payload: not this module's.
+        assert_eq!(split_names(&payload, 1), None);
+        assert_eq!(split_names(&payload[..payload.len() - 1], 2), None);
+        assert_eq!(split_names(&[1, 2, 3], 1), None);
+        let mut long = payload.clone();
+        let at = long.len() - 8;
+        long[at..].copy_from_slice(&(payload.len() as u64 * 2).to_le_bytes());
+        assert_eq!(split_names(&long, 2), None);
     }
 
     #[test]

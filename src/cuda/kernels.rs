@@ -102,69 +102,172 @@ fn arch(ordinal: u32) -> Result<u32> {
     Ok((major * 10 + minor) as u32)
 }
 
-/// Loads `program` into `ordinal`'s context, and finds its functions: its cubin shipped in the
-/// build where there is one for the device (see [`super::shipped`]), else the disk cache's
-/// (see [`super::disk_cache`]), else NVRTC's. A shipped or cached image that the driver refuses
-/// (an older driver, say) is passed over for a compile; a refused cache entry is discarded.
-/// (Callers reach this through [`super::shared::program`], which hands it to the process's
-/// runtime where this copy of cubridge adopted one.)
-fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
+/// A module to compile: a program's source and options, and the name expressions (template
+/// instances: `add<float>`) whose lowered names NVRTC reports.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Source {
+    /// Names the module in errors (`name.cu` in NVRTC's log).
+    pub name: String,
+    /// The whole source.
+    pub source: String,
+    /// NVRTC options beyond the architecture.
+    pub options: Vec<String>,
+    /// Name expressions, whose lowered names [`Module::lowered`] holds in this order.
+    pub name_expressions: Vec<String>,
+}
+
+/// A module loaded into a device's primary context, for the process.
+#[derive(Debug)]
+pub struct Module {
+    /// The driver's `CUmodule`, as an address.
+    pub handle: usize,
+    /// The symbol each name expression became, in the order of [`Source::name_expressions`].
+    pub lowered: Vec<String>,
+}
+
+/// Loaded modules by device and source; leaked, as modules stay loaded for the process.
+type ModuleCache = HashMap<(u32, Source), &'static Module>;
+static MODULES: Mutex<Option<ModuleCache>> = Mutex::new(None);
+
+/// The module of `source` on `ordinal`, compiled and loaded once per process and device: its
+/// cubin shipped in the build where there is one for the device (see [`super::shipped`]), else
+/// the disk cache's (see [`super::disk_cache`]; with the lowered names of its name
+/// expressions), else NVRTC's. A shipped or cached image that the driver refuses (an older
+/// driver, say) is passed over for a compile; a refused cache entry is discarded. Leaves the
+/// device's context current.
+pub fn module(ordinal: u32, source: &Source) -> Result<&'static Module> {
     context::bind(ordinal)?;
+    let mut guard = crate::lock(&MODULES);
+    let cache = guard.get_or_insert_with(HashMap::new);
+    if let Some(&found) = cache.get(&(ordinal, source.clone())) {
+        return Ok(found);
+    }
+    let found: &'static Module = Box::leak(Box::new(load_module(ordinal, source)?));
+    cache.insert((ordinal, source.clone()), found);
+    Ok(found)
+}
+
+/// Loads a cubin or NUL-terminated PTX into the current context.
+fn load_image(image: &[u8]) -> Result<sys::CUmodule> {
+    // SAFETY: `image` is a cubin, fatbin or NUL-terminated PTX, alive for the call; a context
+    // is current. The module stays loaded for the process.
+    check(
+        unsafe { result::module::load_data(image.as_ptr().cast()) },
+        "loading a compiled kernel module",
+    )
+}
+
+/// Loads a precompiled `image` (a cubin, fatbin or NUL-terminated PTX, as a user's file holds
+/// it) on `ordinal`, once per process and device; leaves the device's context current.
+pub fn module_of_image(ordinal: u32, image: &[u8]) -> Result<&'static Module> {
+    type Images = HashMap<(u32, Vec<u8>), &'static Module>;
+    static IMAGES: Mutex<Option<Images>> = Mutex::new(None);
+    context::bind(ordinal)?;
+    let mut guard = crate::lock(&IMAGES);
+    let cache = guard.get_or_insert_with(HashMap::new);
+    let key = (ordinal, image.to_vec());
+    if let Some(&found) = cache.get(&key) {
+        return Ok(found);
+    }
+    let handle = load_image(image)? as usize;
+    let module: &'static Module = Box::leak(Box::new(Module {
+        handle,
+        lowered: Vec::new(),
+    }));
+    cache.insert(key, module);
+    Ok(module)
+}
+
+/// [`module`]'s work, for a module not loaded yet; binds the device's context.
+fn load_module(ordinal: u32, src: &Source) -> Result<Module> {
     let arch = arch(ordinal)?;
-    let load_image = |image: &[u8]| {
-        // SAFETY: `image` is a cubin or NUL-terminated PTX, alive for the call; a context is
-        // current. The module stays loaded for the process (its functions are cached).
-        check(
-            unsafe { result::module::load_data(image.as_ptr().cast()) },
-            "loading a compiled kernel module",
-        )
-    };
-    let (source, options) = (&program.source, &program.options);
-    let shipped = || match super::shipped::find(&nvrtc::key(source, options), arch) {
+    let (source, options, names) = (&src.source, &src.options, &src.name_expressions);
+    let key = nvrtc::module_key(source, options, names);
+    let shipped = || match super::shipped::find(&key, arch).filter(|_| names.is_empty()) {
         Some(image) => refused_as_none(load_image(image)),
         None => Ok(None),
     };
     let cached = || {
-        let Some(entry) = nvrtc::cache_entry(source, options, arch) else {
+        let Some(entry) = nvrtc::entry_for(key.clone(), arch) else {
             return Ok(None);
         };
-        let Some(image) = entry.read() else {
+        let Some(payload) = entry.read() else {
             return Ok(None);
         };
-        refused_as_none(load_image(&image).inspect_err(|e| {
+        let Some((image, lowered)) = super::disk_cache::split_names(&payload, names.len()) else {
+            entry.discard("its name expressions do not match");
+            return Ok(None);
+        };
+        let loaded = refused_as_none(load_image(image).inspect_err(|e| {
             if e.cuda_code().is_some_and(super::is_image_refusal) {
                 entry.discard(&e.to_string());
             }
-        }))
+        }))?;
+        Ok(loaded.map(|m| (m, lowered)))
     };
     let started = std::time::Instant::now();
-    let (loaded, how) = match shipped()? {
-        Some(module) => (module, "shipped"),
+    let ((loaded, lowered), how) = match shipped()? {
+        Some(module) => ((module, Vec::new()), "shipped"),
         None => match cached()? {
-            Some(module) => (module, "disk cache"),
+            Some(found) => (found, "disk cache"),
             None => {
                 nvrtc::ensure_loaded()?;
-                trace(&program.name, "NVRTC ready", started.elapsed());
-                let image = nvrtc::compile(source, &program.name, arch, options)?;
-                let compiled = started.elapsed();
-                let module = load_image(&image)?;
-                trace(&program.name, "compiled", compiled);
-                (module, "its compile loaded")
+                trace(&src.name, "NVRTC ready", started.elapsed());
+                let compiled = nvrtc::compile_module(source, &src.name, arch, (options, names))?;
+                trace(&src.name, "compiled", started.elapsed());
+                let module = load_image(&compiled.image)?;
+                ((module, compiled.lowered), "its compile loaded")
             }
         },
     };
-    trace(&program.name, how, started.elapsed());
-    let mut found = Vec::new();
-    for name in &program.functions {
-        let cname = CString::new(name.as_str())
-            .map_err(|_| crate::Error::invalid("a kernel name has a NUL"))?;
-        // SAFETY: `loaded` is a loaded module; `cname` is NUL-terminated.
-        let f = check(
-            unsafe { result::module::get_function(loaded, cname) },
-            &format!("finding kernel `{name}` in its module"),
-        )?;
-        found.push(f as usize);
-    }
+    trace(&src.name, how, started.elapsed());
+    Ok(Module {
+        handle: loaded as usize,
+        lowered,
+    })
+}
+
+/// The function `name` of a loaded `module`; a name the module lacks is the driver's
+/// `CUDA_ERROR_NOT_FOUND`, naming the function.
+pub fn function(module: usize, name: &str) -> Result<usize> {
+    let cname = CString::new(name).map_err(|_| crate::Error::invalid("a kernel name has a NUL"))?;
+    // SAFETY: `module` is a loaded module (it stays loaded for the process); `cname` is
+    // NUL-terminated.
+    let f = check(
+        unsafe { result::module::get_function(module as sys::CUmodule, cname) },
+        &format!("finding kernel `{name}` in its module"),
+    )?;
+    Ok(f as usize)
+}
+
+/// The address and size in bytes of the `__device__` or `__constant__` variable `name` of a
+/// loaded `module`; a name the module lacks is the driver's `CUDA_ERROR_NOT_FOUND`.
+pub fn global(module: usize, name: &str) -> Result<(usize, usize)> {
+    let cname =
+        CString::new(name).map_err(|_| crate::Error::invalid("a variable name has a NUL"))?;
+    // SAFETY: `module` is a loaded module (it stays loaded for the process); `cname` is
+    // NUL-terminated.
+    let (ptr, bytes) = check(
+        unsafe { result::module::get_global(module as sys::CUmodule, cname) },
+        &format!("finding variable `{name}` in its module"),
+    )?;
+    Ok((ptr as usize, bytes))
+}
+
+/// Loads `program` into `ordinal`'s context (see [`module`]), and finds its functions.
+/// (Callers reach this through [`super::shared::program`], which hands it to the process's
+/// runtime where this copy of cubridge adopted one.)
+fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
+    let source = Source {
+        name: program.name.clone(),
+        source: program.source.clone(),
+        options: program.options.clone(),
+        name_expressions: Vec::new(),
+    };
+    let loaded = module(ordinal, &source)?;
+    let found = (program.functions.iter())
+        .map(|name| function(loaded.handle, name))
+        .collect::<Result<Vec<_>>>()?;
     Ok(Vec::leak(found))
 }
 
@@ -204,13 +307,13 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     Ok(found)
 }
 
-/// The programs that [`program`] loaded in this process, as (name, device) pairs: the
-/// elementwise engine's (add's and users' kernels') and extension crates' (whose copies of
-/// cubridge load them here).
+/// The modules loaded from source in this process, as (name, device) pairs: the elementwise
+/// engine's (add's and users' kernels'), users' raw kernels and modules, and extension crates'
+/// (whose copies of cubridge load them here).
 pub fn loaded_programs() -> Vec<(String, u32)> {
-    let guard = crate::lock(&SOURCES);
+    let guard = crate::lock(&MODULES);
     let keys = guard.iter().flat_map(|cache| cache.keys());
-    keys.map(|(ordinal, p)| (p.name.clone(), *ordinal))
+    keys.map(|(ordinal, s)| (s.name.clone(), *ordinal))
         .collect()
 }
 

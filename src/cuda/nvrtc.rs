@@ -147,6 +147,12 @@ fn disabled() -> bool {
 /// the source and the options, hashed with 64-bit FNV-1a (stable across builds and processes, so
 /// kernels compiled when the wheel is built are found at run time by the same key).
 pub fn key(source: &str, extra: &[String]) -> String {
+    module_key(source, extra, &[])
+}
+
+/// [`key`] of a module whose `names` (name expressions, whose lowered names NVRTC reports) are
+/// part of what it is; with no names, the key of the same source and options.
+pub fn module_key(source: &str, extra: &[String], names: &[String]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
         for &b in bytes.iter().chain(std::iter::once(&0u8)) {
@@ -158,6 +164,13 @@ pub fn key(source: &str, extra: &[String]) -> String {
     feed(source.as_bytes());
     for option in extra {
         feed(option.as_bytes());
+    }
+    if !names.is_empty() {
+        // A marker no option can be (options hold no NUL), then the names.
+        feed(b"\0name expressions");
+        for name in names {
+            feed(name.as_bytes());
+        }
     }
     format!("{hash:016x}")
 }
@@ -246,7 +259,11 @@ fn target_for(arch: u32) -> Result<Target> {
 /// `arch`, for the NVRTC found (the newest entry of any NVRTC when none can be loaded: nothing
 /// could compile it then, and the driver still checks what it loads).
 pub fn cache_entry(source: &str, extra: &[String], arch: u32) -> Option<Entry> {
-    let key = key(source, extra);
+    entry_for(key(source, extra), arch)
+}
+
+/// The disk cache's entry for the program of `key` (see [`cache_entry`]).
+pub fn entry_for(key: String, arch: u32) -> Option<Entry> {
     let nvrtc = version().or_else(|| super::disk_cache::any_version(&key, arch))?;
     Some(Entry { key, arch, nvrtc })
 }
@@ -260,6 +277,27 @@ pub fn cache_entry(source: &str, extra: &[String], arch: u32) -> Option<Entry> {
 /// and the linked cubin is what the cache keeps. A compile error carries NVRTC's log and,
 /// after it, the source lines the log points at.
 pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<Vec<u8>> {
+    compile_module(source, name, arch, (extra, &[])).map(|c| c.image)
+}
+
+/// A compiled module: its image, and the lowered (mangled) name of each name expression asked
+/// for, in order.
+pub struct Compiled {
+    /// A cubin, or NUL-terminated PTX.
+    pub image: Vec<u8>,
+    /// The symbol each name expression (`add<float>`, `table<3>`) became.
+    pub lowered: Vec<String>,
+}
+
+/// [`compile`], also asking NVRTC for the lowered names of `names` (name expressions); the disk
+/// cache keeps them after the image (see [`super::disk_cache::with_names`]), under
+/// [`module_key`].
+pub fn compile_module(
+    source: &str,
+    name: &str,
+    arch: u32,
+    (extra, names): (&[String], &[String]),
+) -> Result<Compiled> {
     if disabled() {
         return Err(Error::Compile {
             kernel: name.to_string(),
@@ -273,7 +311,7 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
         });
     }
     let target = target_for(arch)?;
-    let mut image = compile_for(source, name, target, extra)?;
+    let Compiled { mut image, lowered } = compile_named(source, name, target, (extra, names))?;
     if super::link::needs_link(extra) {
         let input = match target {
             Target::Cubin(_) => cudarc::driver::sys::CUjitInputType::CU_JIT_INPUT_CUBIN,
@@ -281,10 +319,10 @@ pub fn compile(source: &str, name: &str, arch: u32, extra: &[String]) -> Result<
         };
         image = super::link::link(&image, input, name, candidate_dirs())?;
     }
-    if let Some(entry) = cache_entry(source, extra, arch) {
-        entry.write(&image);
+    if let Some(entry) = entry_for(module_key(source, extra, names), arch) {
+        entry.write(&super::disk_cache::with_names(&image, &lowered));
     }
-    Ok(image)
+    Ok(Compiled { image, lowered })
 }
 
 /// Closes an NVRTC program when dropped.
@@ -300,6 +338,16 @@ impl Drop for NvrtcProgram {
 /// Runs NVRTC on `source` for `target`, with no cache. PTX comes back NUL-terminated, as
 /// `cuModuleLoadData` takes it.
 pub fn compile_for(source: &str, name: &str, target: Target, extra: &[String]) -> Result<Vec<u8>> {
+    compile_named(source, name, target, (extra, &[])).map(|c| c.image)
+}
+
+/// [`compile_for`], with the lowered names of the name expressions `names`.
+pub fn compile_named(
+    source: &str,
+    name: &str,
+    target: Target,
+    (extra, names): (&[String], &[String]),
+) -> Result<Compiled> {
     ensure_loaded()?;
     let nul = |what: &str| Error::invalid(format!("{what} of kernel `{name}` contains a NUL byte"));
     let file = format!("{name}.cu");
@@ -309,21 +357,59 @@ pub fn compile_for(source: &str, name: &str, target: Target, extra: &[String]) -
     if options.iter().any(|o| o.contains('\0')) {
         return Err(nul("an option"));
     }
+    let c_names = names
+        .iter()
+        .map(|n| CString::new(n.as_str()))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| nul("a name expression"))?;
     let program = NvrtcProgram(
         result::create_program(&c_source, Some(&c_file))
             .map_err(|e| failed(name, e, "NVRTC could not create the program: "))?,
     );
+    for c_name in &c_names {
+        // SAFETY: the program is live and not yet compiled; the name is NUL-terminated.
+        unsafe { sys::nvrtcAddNameExpression(program.0, c_name.as_ptr()) }
+            .result()
+            .map_err(|e| failed(name, e, "NVRTC refused a name expression: "))?;
+    }
     // SAFETY: the program is live; no option holds a NUL (checked above).
     if let Err(e) = unsafe { result::compile_program(program.0, &options) } {
         return Err(compile_error(&program, e, name, &file, source));
     }
-    image_of(&program, target).map_err(|e| {
+    let lowered = c_names
+        .iter()
+        .map(|c_name| lowered_name(&program, c_name))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| failed(name, e, "NVRTC did not lower a name expression: "))?;
+    let image = image_of(&program, target).map_err(|e| {
         failed(
             name,
             e,
             "NVRTC compiled the program but did not hand back its code: ",
         )
-    })
+    })?;
+    Ok(Compiled { image, lowered })
+}
+
+/// The symbol that the name expression `expression` of a compiled program became.
+fn lowered_name(
+    program: &NvrtcProgram,
+    expression: &CString,
+) -> std::result::Result<String, result::NvrtcError> {
+    let mut lowered: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: the program is live and compiled, and `expression` was added to it before the
+    // compile; `lowered` is a valid out-pointer.
+    unsafe { sys::nvrtcGetLoweredName(program.0, expression.as_ptr(), &mut lowered) }.result()?;
+    if lowered.is_null() {
+        return Err(result::NvrtcError(
+            sys::nvrtcResult::NVRTC_ERROR_NAME_EXPRESSION_NOT_VALID,
+        ));
+    }
+    // SAFETY: NVRTC hands back a NUL-terminated string owned by the program, which is live;
+    // it is copied here.
+    Ok(unsafe { std::ffi::CStr::from_ptr(lowered) }
+        .to_string_lossy()
+        .into_owned())
 }
 
 /// NVRTC's options for `target`: the architecture, the include folders, the caller's `extra`
@@ -452,6 +538,29 @@ pub(crate) fn test_dir(what: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// Name expressions come back as their lowered (Itanium-mangled) symbols, in order, when
+    /// `CUBRIDGE_TEST_NVRTC_DIR` names a folder holding libnvrtc; one that names nothing in
+    /// the source is NVRTC's error.
+    #[test]
+    fn name_expressions_are_lowered_in_order() {
+        if !super::test_dir("name expressions") {
+            return;
+        }
+        let source = "template <typename T> __global__ void add(T* x) { x[0] += 1; }\n\
+                      template <int N> __device__ int table[N];\n";
+        let names: Vec<String> = ["add<float>", "add<int>", "table<3>"]
+            .map(String::from)
+            .into();
+        let target = super::Target::Cubin(80);
+        let compiled = super::compile_named(source, "m", target, (&[], &names)).unwrap();
+        assert_eq!(
+            compiled.lowered,
+            ["_Z3addIfEvPT_", "_Z3addIiEvPT_", "_Z5tableILi3EE"]
+        );
+        let e = super::compile_named(source, "m", target, (&[], &["nope<1>".into()]));
+        assert!(e.is_err());
+    }
+
     #[test]
     fn compile_errors_quote_their_lines() {
         let source = "int a;\nint b = nope;\nint c;\n";

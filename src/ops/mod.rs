@@ -7,6 +7,7 @@ pub mod copy;
 pub mod create;
 pub mod elementwise;
 pub mod launch;
+pub mod module;
 pub mod plan;
 pub mod raw;
 

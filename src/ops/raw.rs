@@ -4,22 +4,25 @@
 //! the kernel has run.
 
 use crate::array::Array;
-use crate::cuda::kernels::Program;
 use crate::cuda::launch::{self as cuda_launch, Params};
 use crate::cuda::stream::Stream;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::launch::Launch;
+use crate::ops::module::RawModule;
 use crate::ops::Arg;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Dynamic shared memory a block may use without opting in.
 const SHARED_DEFAULT: u32 = 48 << 10;
 
-/// A user's CUDA kernel; see the module documentation.
+/// A user's CUDA kernel; see the module documentation. It is a function of a [`RawModule`]
+/// (of its own source, or one it was got from), which it keeps.
 pub struct RawKernel {
-    program: Program,
+    module: Arc<RawModule>,
+    /// The function's name, as the module's `get_function` was given it.
+    name: String,
     /// The loaded function per device ordinal, and the dynamic shared memory it was opened to.
     functions: Mutex<HashMap<u32, (usize, u32)>>,
 }
@@ -34,20 +37,30 @@ impl RawKernel {
         if source.contains('\0') {
             return Err(Error::invalid("the kernel source contains a NUL character"));
         }
-        Ok(RawKernel {
-            program: Program {
-                name: name.to_string(),
-                source: source.to_string(),
-                options,
-                functions: vec![name.to_string()],
-            },
+        let module = RawModule::from_source(name, source, options, Vec::new())?;
+        Ok(RawKernel::of_module(Arc::new(module), name))
+    }
+
+    /// The kernel `name` of `module` (an `extern "C"` name, a name expression, or a
+    /// precompiled file's symbol), found on the current device now and on any other at its
+    /// first launch there; it keeps the module.
+    pub fn in_module(module: Arc<RawModule>, name: &str) -> Result<RawKernel> {
+        module.find(name, None)?;
+        Ok(RawKernel::of_module(module, name))
+    }
+
+    /// The function `name` of `module`, found on each device at its first launch there.
+    fn of_module(module: Arc<RawModule>, name: &str) -> RawKernel {
+        RawKernel {
+            module,
+            name: name.to_string(),
             functions: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     /// The kernel's name.
     pub fn name(&self) -> &str {
-        &self.program.name
+        &self.name
     }
 
     /// The loaded function on `ordinal`, compiled on first use, opened to `shared` bytes of
@@ -59,12 +72,12 @@ impl RawKernel {
                 return Ok(f);
             }
         }
-        let f = crate::cuda::shared::program(ordinal, &self.program)?[0];
+        let f = self.module.function(ordinal, &self.name)?;
         if shared > SHARED_DEFAULT {
             use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX;
             let set = {
-                // SAFETY: `f` is a loaded function of the current context (kernels::program
-                // bound it); the attribute takes a byte count.
+                // SAFETY: `f` is a loaded function of the current context (the module's
+                // load bound it); the attribute takes a byte count.
                 unsafe {
                     cudarc::driver::result::function::set_function_attribute(
                         f as cudarc::driver::sys::CUfunction,
@@ -118,10 +131,10 @@ impl RawKernel {
     ) -> Result<()> {
         check_configuration(grid, block)?;
         if !readonly_ok {
-            check_writable(&self.program.name, args)?;
+            check_writable(&self.name, args)?;
         }
         if !crate::cuda::is_available() {
-            return Err(crate::cuda::unavailable_for(&self.program.name));
+            return Err(crate::cuda::unavailable_for(&self.name));
         }
         let arrays: Vec<&Array> = args
             .iter()
@@ -131,7 +144,7 @@ impl RawKernel {
             })
             .collect();
         let device = crate::ops::launch::kernel_device(
-            (&self.program.name, "raw"),
+            (&self.name, "raw"),
             arrays.iter().copied().enumerate(),
             |k| format!("array argument {k}"),
         )?;
@@ -143,7 +156,7 @@ impl RawKernel {
         // (this function's contract); each array is passed as the device pointer of its first
         // element (on this device, and kept valid until the kernel has run by Launch::finish),
         // each value as its dtype's bytes. The launch configuration was checked above and the
-        // function belongs to the current context (kernels::program loaded it there;
+        // function belongs to the current context (its module was loaded there;
         // Launch::order bound it).
         unsafe {
             cuda_launch::launch(

@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::ops::{self, Arg};
 use pyo3::prelude::*;
 
-fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+pub(super) fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     let not_ints = || {
         PyErr::from(Error::wrong_type(
             "shape must be an int or a sequence of ints",

@@ -267,6 +267,13 @@ const GRID_LIMITS: [u32; 3] = [i32::MAX as u32, 65535, 65535];
 /// The largest block, per dimension (at most 1024 threads in all, which the launch checks).
 const BLOCK_LIMITS: [u32; 3] = [1024, 1024, 64];
 
+impl PyRawKernel {
+    /// The Python class over `inner` (a module's function).
+    pub(super) fn from_kernel(inner: RawKernel) -> Self {
+        PyRawKernel { inner }
+    }
+}
+
 #[pymethods]
 impl PyRawKernel {
     #[new]

@@ -13,6 +13,7 @@ mod export;
 mod functions;
 mod import;
 mod kernels;
+mod module;
 pub mod operands;
 mod runtime;
 mod stream;
@@ -52,6 +53,7 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::PyStream>()?;
     m.add_class::<kernels::PyElementwiseKernel>()?;
     m.add_class::<kernels::PyRawKernel>()?;
+    m.add_class::<module::PyRawModule>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Extension crates built on cubridge hand their work to this module's runtime.
     runtime::publish(m)?;
