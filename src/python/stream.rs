@@ -103,21 +103,7 @@ impl PyStream {
     #[pyo3(signature = (device=None))]
     fn new(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let _restore = crate::cuda::context::Restore::new();
-        let ordinal = match device.filter(|d| !d.is_none()) {
-            None => match crate::cuda::current_device()? {
-                crate::Device::Cuda(n) => n,
-                _ => 0,
-            },
-            Some(d) => match super::types::parse_device(Some(d))? {
-                crate::Device::Cuda(n) => n,
-                other => {
-                    return Err(Error::invalid(format!(
-                        "streams live on CUDA devices, not {other}"
-                    ))
-                    .into())
-                }
-            },
-        };
+        let ordinal = super::types::parse_cuda_device(device)?;
         crate::cuda::require(crate::Device::Cuda(ordinal))?;
         // The driver may block (it takes its own locks); never hold the GIL across that.
         let handle = py.detach(|| cs::create(ordinal))?;
