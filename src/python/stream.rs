@@ -124,6 +124,7 @@ impl PyStream {
 
     /// Blocks until the work queued on this stream is done (without holding the GIL).
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let _restore = crate::cuda::context::Restore::new();
         let (h, o) = (self.handle, self.ordinal);
         Ok(py.detach(|| cs::synchronize(h, o))?)
     }
@@ -144,6 +145,8 @@ impl PyStream {
 
 impl Drop for PyStream {
     fn drop(&mut self) {
+        // Dropped wherever the last reference goes: the caller's current device stays.
+        let _restore = crate::cuda::context::Restore::new();
         cs::destroy(self.handle, self.ordinal);
     }
 }
