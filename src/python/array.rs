@@ -430,7 +430,8 @@ impl PyArray {
         numpy.call_method("array", (memory,), Some(&kwargs))
     }
 
-    /// A copy of the array on `device` (always a new array).
+    /// A copy of the array on `device` (always a new array). Between two GPUs the copy goes
+    /// device to device, queued after the array's pending work; the host does not wait.
     fn to_device(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<PyArray> {
         let _restore = crate::cuda::context::Restore::new();
         let device = super::types::parse_device(Some(device))?;

@@ -80,9 +80,9 @@ unsafe impl DlpackStream for Consumer {
     }
 }
 
-/// `cubridge.cuda.Stream(device=None)`: a new CUDA stream on `device` (default: the current
-/// device), owned by cubridge, for `stream=` arguments of cubridge and of other libraries
-/// (it has `__cuda_stream__`).
+/// `cubridge.cuda.Stream(device=None)`: a new CUDA stream on `device` (an int, `"cuda:N"`, a
+/// `torch.device`, a `cupy.cuda.Device`; default: the current device), owned by cubridge, for
+/// `stream=` arguments of cubridge and of other libraries (it has `__cuda_stream__`).
 ///
 /// Raises:
 /// - ValueError: `device` is not a CUDA device.
