@@ -1201,6 +1201,260 @@ def test_second_gpu():
     assert cb.cuda.Stream().device == 0
 
 
+def _bound_context():
+    """The CUDA context current on the calling thread (its handle; 0 for none), as the driver
+    reports it."""
+    import ctypes
+
+    ctx = ctypes.c_void_p()
+    assert ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent(ctypes.byref(ctx)) == 0
+    return ctx.value or 0
+
+
+def _current_devices():
+    """The current device as torch, CuPy (the runtime's, read through cudaGetDevice) and the
+    driver see it."""
+    cupy_device = cupy.cuda.runtime.getDevice() if cupy is not None else None
+    return torch.cuda.current_device(), cupy_device, _bound_context()
+
+
+def _calls_on(d, foreign=True):
+    """cubridge calls that work on device `d` (an int), each as (name, fn): on torch operands
+    where `foreign`, else on cubridge's own arrays only (no other library's call in them)."""
+    other = 1 - d if cb.cuda.device_count() > 1 else d
+    a = cb.arange(0, 1000, dtype="float32", device=d)
+    x = torch.arange(1000, dtype=torch.float32, device=f"cuda:{d}") if foreign else a
+    k = cb.ElementwiseKernel("T x", "T z", "z = x + x", "current_device_probe")
+    raw = cb.RawKernel('extern "C" __global__ void noop(float* x) {}', "noop")
+
+    def stream_use():
+        s = cb.cuda.Stream(d)
+        cb.add(a, a, stream=s)
+        s.synchronize()
+        del s
+        gc.collect()
+
+    calls = [
+        ("zeros", lambda: cb.zeros(4, device=d)),
+        ("arange", lambda: cb.arange(0, 4, dtype="float32", device=f"cuda:{d}")),
+        ("add", lambda: cb.add(x, x)),
+        ("kernel", lambda: k(x)),
+        ("raw kernel", lambda: raw(1, 1, (x,))),
+        ("to_device", lambda: a.to_device(other)),
+        ("to_numpy", lambda: a.to_numpy()),
+        ("__dlpack__", lambda: a.__dlpack__(stream=1)),
+        ("__cuda_array_interface__", lambda: a.__cuda_array_interface__),
+        ("Stream, synchronize, del", stream_use),
+        ("synchronize", lambda: cb.cuda.synchronize(d)),
+        ("memory_stats", lambda: cb.cuda.memory_stats(d)),
+        ("mem_info", lambda: cb.cuda.mem_info(d)),
+        ("empty_cache", lambda: cb.cuda.empty_cache(d)),
+        ("free", lambda: (cb.zeros(4, device=d), gc.collect())),
+    ]
+    if foreign:
+        calls += [
+            ("asarray", lambda: cb.asarray(x)),
+            ("torch import", lambda: torch.from_dlpack(a)),
+        ]
+    return calls
+
+
+@two_gpus
+@pytest.mark.parametrize("current", [0, 1])
+def test_calls_on_another_device_leave_every_frameworks_current_device(current):
+    """Work on the other GPU leaves torch's, CuPy's and the driver's current device as they were
+    (CuPy reads it from the runtime, which reads the driver's current context)."""
+    with torch.cuda.device(current):
+        if cupy is not None:
+            cupy.cuda.Device(current).use()
+        calls = _calls_on(1 - current) + _calls_on(current)
+        torch.cuda.synchronize()
+        before = _current_devices()
+        for name, call in calls:
+            call()
+            assert _current_devices() == before, name
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+    if cupy is not None:
+        cupy.cuda.Device(0).use()
+
+
+def test_calls_on_a_thread_without_a_context_leave_none_bound():
+    """On a thread where no CUDA context is current (a new one), cubridge's calls bind the
+    device's context for their work and unbind it after: the runtime, and so CuPy, would
+    otherwise take that device as the thread's current one."""
+    import threading
+
+    devices = range(min(cb.cuda.device_count(), 2))
+    calls = [(d, name, call) for d in devices for name, call in _calls_on(d, foreign=False)]
+    left_bound = []
+
+    def work():
+        for d, name, call in calls:
+            if _bound_context() != 0:
+                left_bound.append("the thread started with a context")
+                return
+            call()
+            if _bound_context() != 0:
+                left_bound.append(f"{name} on cuda:{d}")
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert left_bound == []
+
+
+def _pending_on_legacy(d, values):
+    """A torch tensor on cuda:`d` written on the legacy default stream behind a long kernel
+    (still running on return), and that stream."""
+    stream = torch.cuda.default_stream(d)
+    with torch.cuda.device(d), torch.cuda.stream(stream):
+        t = torch.empty_like(values, device=f"cuda:{d}")
+        spin(0.3, stream)
+        t.copy_(values, non_blocking=True)
+    return t, stream
+
+
+@two_gpus
+@pytest.mark.parametrize(("src", "dst"), [(0, 1), (1, 0)])
+@pytest.mark.parametrize("how", ["to_device", "asarray", "dl_device"])
+def test_copies_between_devices_follow_pending_work_without_waiting(src, dst, how):
+    """to_device, asarray(device=) and __dlpack__(dl_device=) copy device to device, ordered
+    after the source's pending work (a long kernel, then the write) and without the host
+    waiting for it."""
+    cb.arange(4, device=src).to_device(dst)  # peer access and pools set up before the race
+    ref = torch.arange(1 << 20, dtype=torch.float32).mul_(3).add_(1)
+    x, stream = _pending_on_legacy(src, ref.to(f"cuda:{src}"))
+    torch.cuda.synchronize(dst)
+    a = cb.asarray(x)
+    if how == "to_device":
+        c = a.to_device(dst)
+    elif how == "asarray":
+        c = cb.asarray(x, device=f"cuda:{dst}")
+    else:
+        c = torch.from_dlpack(a.__dlpack__(dl_device=(2, dst), stream=1))
+    assert not stream.query(), "the host waited for the source's pending work"
+    got = c if isinstance(c, torch.Tensor) else torch.from_dlpack(c)
+    assert got.device == torch.device("cuda", dst)
+    assert torch.equal(got.cpu(), ref)
+    assert torch.cuda.current_device() == 0
+
+
+@two_gpus
+@pytest.mark.parametrize("dtype", ["float16", "int64", "float32"])
+def test_copies_between_devices_of_strided_and_cast_arrays(dtype):
+    ref = torch.arange(4096, dtype=torch.float64).reshape(64, 64).to(getattr(torch, dtype))
+    x = ref.to("cuda:1").T
+    c = cb.asarray(x, device=0)
+    assert c.device == "cuda:0"
+    assert torch.equal(torch.from_dlpack(c).cpu(), ref.T)
+    f = cb.asarray(x, dtype="float64", device=torch.device("cuda", 0))
+    assert torch.equal(torch.from_dlpack(f).cpu(), ref.T.to(torch.float64))
+
+
+@two_gpus
+def test_other_libraries_copy_cubridge_memory_between_devices():
+    """cubridge's pool memory is made accessible to the peer device, so torch's and CuPy's own
+    copies of an exported cubridge array to the other GPU work."""
+    a = cb.arange(0, 1 << 20, dtype="float32", device="cuda:0")
+    expected = torch.arange(1 << 20, dtype=torch.float32)
+    t = torch.from_dlpack(a)
+    assert torch.equal(t.to("cuda:1").cpu(), expected)
+    b = cb.arange(0, 1 << 20, dtype="float32", device="cuda:1")
+    assert torch.equal(torch.from_dlpack(b).to("cuda:0").cpu(), expected)
+    if cupy is not None:
+        source = cupy.from_dlpack(a)
+        with cupy.cuda.Device(1):
+            onto = cupy.empty(1 << 20, dtype=cupy.float32)
+            onto.data.copy_from_device(source.data, onto.nbytes)
+            assert np.array_equal(cupy.asnumpy(onto), expected.numpy())
+
+
+@two_gpus
+def test_operands_on_two_devices_are_refused_naming_both():
+    x0 = torch.ones(8, device="cuda:0")
+    x1 = torch.ones(8, device="cuda:1")
+    k = cb.ElementwiseKernel("T x, T y", "T z", "z = x + y", "two_devices")
+    raw = cb.RawKernel('extern "C" __global__ void f(float* x, float* y) {}', "f")
+    for call in (lambda: cb.add(x0, x1), lambda: k(x0, x1), lambda: raw(1, 1, (x0, x1))):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert "cuda:0" in str(info.value) and "cuda:1" in str(info.value), str(info.value)
+
+
+def _second_gpu_operands():
+    """(name, x, y) pairs of float32 operands on cuda:1 from torch, CuPy and JAX, with their
+    values as numpy arrays."""
+    rx = np.arange(1000, dtype=np.float32) * 0.5
+    ry = np.arange(1000, dtype=np.float32)[::-1].copy()
+    out = [("torch", torch.from_numpy(rx).to("cuda:1"), torch.from_numpy(ry).to("cuda:1"))]
+    if cupy is not None:
+        with cupy.cuda.Device(1):
+            out.append(("cupy", cupy.asarray(rx), cupy.asarray(ry)))
+    try:
+        gpus = jax.devices("gpu") if jax is not None else []
+    except RuntimeError:  # jax without a CUDA backend
+        gpus = []
+    if len(gpus) > 1:
+        out.append(("jax", jax.device_put(rx, gpus[1]), jax.device_put(ry, gpus[1])))
+    return rx, ry, out
+
+
+@two_gpus
+def test_add_and_kernels_on_second_gpu_operands_of_every_framework():
+    rx, ry, operands = _second_gpu_operands()
+    k = cb.ElementwiseKernel("T x, T y", "T z", "z = x * y + x", "second_gpu")
+    raw = cb.RawKernel(
+        'extern "C" __global__ void twice(const float* x, float* y, int n) {'
+        " int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i] + x[i]; }",
+        "twice",
+    )
+    for name, x, y in operands:
+        r = cb.add(x, y)
+        assert r.device == "cuda:1", name
+        np.testing.assert_array_equal(r.to_numpy(), rx + ry, err_msg=name)
+        z = k(x, y)
+        assert z.device == "cuda:1", name
+        np.testing.assert_array_equal(z.to_numpy(), rx * ry + rx, err_msg=name)
+        out = cb.zeros(rx.size, dtype="float32", device=1)
+        raw(4, 256, (x, out, np.int32(rx.size)), readonly_ok=name == "jax")
+        np.testing.assert_array_equal(out.to_numpy(), rx + rx, err_msg=name)
+        assert torch.cuda.current_device() == 0, name
+
+
+@two_gpus
+def test_eight_threads_alternating_devices():
+    import threading
+
+    n = 1 << 16
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(10):
+                d = (k + i) % 2
+                x = torch.full((n,), float(k), device=f"cuda:{d}")
+                y = torch.arange(n, dtype=torch.float32, device=f"cuda:{d}")
+                r = cb.add(x, y)
+                moved = r.to_device(1 - d)
+                expected = torch.arange(n, dtype=torch.float32) + k
+                if r.device != f"cuda:{d}" or moved.device != f"cuda:{1 - d}":
+                    errors.append(f"thread {k}: devices {r.device}, {moved.device}")
+                if not torch.equal(torch.from_dlpack(moved).cpu(), expected):
+                    errors.append(f"thread {k}, step {i}: wrong values")
+                if torch.cuda.current_device() != 0:
+                    errors.append(f"thread {k}: torch's current device moved")
+        except Exception as e:  # noqa: BLE001 - reported below with the thread's number
+            errors.append(f"thread {k}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+
+
 # ---- reliability on the device: faults, leaks per protocol, threads, the GIL ------------------
 
 

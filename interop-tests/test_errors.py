@@ -60,6 +60,97 @@ def test_dtype_and_device_objects():
     assert repr(cb.zeros((2, 3))) == "cubridge.Array(shape=(2, 3), dtype=float32, device=cpu)"
 
 
+class TorchLikeDevice:
+    """What cubridge reads of a torch.device: a string `type` and an int or None `index`."""
+
+    def __init__(self, type, index=None):
+        self.type, self.index = type, index
+
+    def __repr__(self):
+        return f"TorchLikeDevice({self.type!r}, {self.index!r})"
+
+
+class CupyLikeDevice:
+    """What cubridge reads of a cupy.cuda.Device: its module and its `id`."""
+
+    __module__ = "cupy.cuda.device"
+
+    def __init__(self, id):
+        self.id = id
+
+    def __repr__(self):
+        return f"CupyLikeDevice({self.id})"
+
+
+def _torch_devices():
+    torch = pytest.importorskip("torch")
+    return [(torch.device("cuda", 1), "cuda:1"), (torch.device("cpu"), "cpu")]
+
+
+DEVICE_FORMS = [
+    (0, "cuda:0"),
+    (3, "cuda:3"),
+    ("cuda:2", "cuda:2"),
+    ("cpu", "cpu"),
+    ("cuda_host", "cuda_host"),
+    (cb.Device("cuda:1"), "cuda:1"),
+    (TorchLikeDevice("cuda", 2), "cuda:2"),
+    (TorchLikeDevice("cpu", 0), "cpu"),
+    (CupyLikeDevice(1), "cuda:1"),
+]
+BAD_DEVICES = [-1, True, 1.5, "gpu", "0", [0], TorchLikeDevice("meta"), np.float32(0), 1 << 40]
+
+
+def test_every_device_form_that_torch_and_cupy_users_pass_names_its_device():
+    for form, name in DEVICE_FORMS + _torch_devices():
+        d = cb.Device(form)
+        assert d == name and str(d) == name, (form, name)
+
+
+@pytest.mark.parametrize("bad", BAD_DEVICES, ids=repr)
+def test_device_errors_list_the_accepted_forms(bad):
+    with pytest.raises((ValueError, TypeError), match="unknown device") as info:
+        cb.Device(bad)
+    for form in ('"cuda:N"', "an int N", "torch.device", "cupy.cuda.Device", '"cpu"'):
+        assert form in str(info.value)
+    with pytest.raises((ValueError, TypeError), match="unknown device"):
+        cb.zeros(2, device=bad)
+
+
+def _device_takers():
+    """Every call that takes a device, as f(device)."""
+    k = cb.RawKernel('extern "C" __global__ void f() {}', "f")
+    return {
+        "memory_stats": cb.cuda.memory_stats,
+        "empty_cache": cb.cuda.empty_cache,
+        "synchronize": cb.cuda.synchronize,
+        "mem_info": cb.cuda.mem_info,
+        "Stream": cb.cuda.Stream,
+        "compile": k.compile,
+        "to_device": cb.arange(3).to_device,
+        "asarray": lambda d: cb.asarray(np.arange(3), device=d),
+        "from_dlpack": lambda d: cb.from_dlpack(np.arange(3), device=d),
+        "zeros": lambda d: cb.zeros(3, device=d),
+        "empty": lambda d: cb.empty(3, device=d),
+        "full": lambda d: cb.full(3, 1, device=d),
+        "arange": lambda d: cb.arange(3, device=d),
+    }
+
+
+@pytest.mark.skipif(cb.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("taker", list(_device_takers()))
+def test_every_device_argument_reads_every_form(taker):
+    """Without CUDA, a CUDA device in any form reaches the driver check (CudaUnavailableError),
+    never a parse error; the cuda functions' default (None) is the current CUDA device."""
+    call = _device_takers()[taker]
+    forms = [f for f, name in DEVICE_FORMS + _torch_devices() if name.startswith("cuda:")]
+    if taker in ("memory_stats", "empty_cache", "synchronize", "mem_info", "Stream", "compile"):
+        forms.append(None)
+    for form in forms:
+        with pytest.raises(cb.CudaUnavailableError):
+            call(form)
+
+
 NUMPY_ALIASES = [
     np.longlong, np.ulonglong, np.intc, np.uintc, np.int_, np.intp, np.double, np.single,
     np.half, np.csingle, np.cdouble, np.bool_, np.byte, np.ubyte, np.short, np.ushort,

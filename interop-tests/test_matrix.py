@@ -25,6 +25,15 @@ import pytest
 ALL = m.cells()
 
 
+@pytest.fixture(autouse=True)
+def _current_context_kept():
+    """Each cell starts on the CUDA context (so the torch and CuPy current device) that the one
+    before started on, whatever its libraries left current (see matrix_libs.context_kept).
+    cubridge's own calls leave it as they found it (test_cuda.py checks that on its own)."""
+    with m.context_kept():
+        yield
+
+
 def _params(kind):
     out = []
     for cell in ALL:

@@ -593,11 +593,14 @@ def test_each_device_allocates_from_its_own_pool():
     assert torch.equal(torch.from_dlpack(z), torch.zeros(1 << 20, device="cuda:1"))
     copied = r.to_device("cuda:0")
     assert torch.equal(torch.from_dlpack(copied).cpu(), (x1 * 2).cpu())
+    # The copy's memory is counted on the device it lives on, and handed back there.
+    assert cb.cuda.memory_stats(torch.device("cuda", 0))["allocated_bytes"] - before[0] == 4 << 20
     del r, z, copied
     gc.collect()
     torch.cuda.synchronize(1)
     cb.cuda.empty_cache(1)
     assert cb.cuda.memory_stats(1)["allocated_bytes"] == before[1]
+    assert cb.cuda.memory_stats(0)["allocated_bytes"] == before[0]
     assert torch.cuda.current_device() == 0
 
 

@@ -65,12 +65,7 @@ impl Device {
     /// Parses `"cpu"`, `"cuda"`, `"cuda:N"`, `"cuda_host"` or `"cuda_managed"`. A bare `"cuda"`
     /// names the current device, which the caller resolves (see [`DeviceSpec`]).
     pub fn parse(text: &str) -> Result<DeviceSpec> {
-        let bad = || {
-            Error::invalid(format!(
-                "unknown device {text:?}: expected \"cpu\", \"cuda\", \"cuda:N\", \"cuda_host\" \
-                 or \"cuda_managed\""
-            ))
-        };
+        let bad = || Error::invalid(Device::unknown(&format!("{text:?}")));
         Ok(match text {
             "cpu" => DeviceSpec::Exact(Device::Cpu),
             "cuda" => DeviceSpec::CurrentCuda,
@@ -85,6 +80,23 @@ impl Device {
                 DeviceSpec::Exact(Device::Cuda(n.parse().map_err(|_| bad())?))
             }
         })
+    }
+
+    /// CUDA device `ordinal`, as an int names it (`device=1` is `"cuda:1"`, as in torch).
+    pub fn from_ordinal(ordinal: i64) -> Result<Device> {
+        u32::try_from(ordinal)
+            .map(Device::Cuda)
+            .map_err(|_| Error::invalid(Device::unknown(&ordinal.to_string())))
+    }
+
+    /// The message for a device argument that names no device (`what` as the user wrote it),
+    /// listing every form a device argument takes.
+    pub fn unknown(what: &str) -> String {
+        format!(
+            "unknown device {what}: expected \"cpu\", \"cuda\" (the current device), \"cuda:N\", \
+             \"cuda_host\", \"cuda_managed\", an int N >= 0 (cuda:N), a cubridge.Device, a \
+             torch.device, a cupy.cuda.Device, or None (the function's default)"
+        )
     }
 }
 
@@ -156,6 +168,18 @@ mod tests {
         assert_eq!(Device::parse("cuda").unwrap(), DeviceSpec::CurrentCuda);
         for bad in ["gpu", "cuda:", "cuda:-1", "cuda: 1", "CPU", "cuda:1x", ""] {
             assert!(Device::parse(bad).is_err(), "{bad}");
+        }
+        let e = Device::parse("gpu").unwrap_err().to_string();
+        assert!(e.contains("\"gpu\"") && e.contains("torch.device"), "{e}");
+    }
+
+    #[test]
+    fn ordinals_name_cuda_devices() {
+        assert_eq!(Device::from_ordinal(0).unwrap(), Device::Cuda(0));
+        assert_eq!(Device::from_ordinal(7).unwrap(), Device::Cuda(7));
+        for bad in [-1, i64::MIN, 1 << 40] {
+            let e = Device::from_ordinal(bad).unwrap_err().to_string();
+            assert!(e.contains(&bad.to_string()) && e.contains("cuda:N"), "{e}");
         }
     }
 

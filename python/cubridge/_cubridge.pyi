@@ -29,7 +29,7 @@ class dtype:
 
 @final
 class Device:
-    def __new__(cls, name: str | Device) -> Device: ...
+    def __new__(cls, name: _Device) -> Device: ...
     @property
     def type(self) -> str: ...
     @property
@@ -39,7 +39,8 @@ class Device:
 
 _Shape = SupportsIndex | tuple[SupportsIndex, ...] | list[SupportsIndex]
 _DType = str | dtype | Any
-_Device = str | Device | None
+# Any: a torch.device or a cupy.cuda.Device
+_Device = str | int | Device | Any | None
 
 @final
 class Array:

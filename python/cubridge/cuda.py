@@ -26,6 +26,10 @@ __all__ = [
 ]
 
 
+# Every ``device`` argument here takes an int (``0``), ``"cuda:N"``, ``"cuda"``, a
+# ``torch.device``, a ``cupy.cuda.Device`` or a ``cubridge.Device``; None is the current device.
+
+
 def is_available() -> bool:
     """Whether a CUDA driver with at least one device is present.
 
@@ -51,7 +55,7 @@ def synchronize(device=None) -> None:
         CudaUnavailableError: this machine has no CUDA.
         CudaError: a driver call failed.
 
-    >>> cubridge.cuda.synchronize("cuda:0")
+    >>> cubridge.cuda.synchronize(0)
     """
     _cubridge.cuda_synchronize(device)
 

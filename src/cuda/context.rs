@@ -109,11 +109,16 @@ pub fn sm_count(ordinal: u32) -> Result<usize> {
     })
 }
 
-/// Puts back, when dropped, the context that was current on this thread when it was made.
-/// cubridge binds the primary context of the device it works on; a Python call that works on
-/// another device than the caller's must not leave the caller (and the CUDA runtime that torch
-/// and CuPy read their current device from) on that device. Inert without a driver.
+/// Puts back, when dropped, the context that was current on this thread when it was made, or
+/// none where none was. cubridge binds the primary context of the device it works on; a Python
+/// call that works on another device than the caller's must not leave the caller (and the CUDA
+/// runtime that torch and CuPy read their current device from) on that device, nor bind one on
+/// a thread that had none (the runtime would then report that device as current). Inert
+/// without a driver.
 pub struct Restore(Option<usize>);
+
+/// What [`Restore`] holds for a thread with no current context.
+const NO_CONTEXT: usize = 0;
 
 impl Restore {
     /// Remembers the current context (none, when CUDA was never loaded or nothing is bound).
@@ -123,7 +128,8 @@ impl Restore {
         }
         Restore(match result::ctx::get_current() {
             Ok(Some(ctx)) => Some(ctx as usize),
-            _ => None,
+            Ok(None) => Some(NO_CONTEXT),
+            Err(_) => None,
         })
     }
 }
@@ -139,13 +145,15 @@ impl Drop for Restore {
         let Some(before) = self.0 else {
             return;
         };
-        if let Ok(Some(now)) = result::ctx::get_current() {
-            if now as usize != before {
-                // SAFETY: `before` was current on this thread when the guard was made; contexts
-                // cubridge binds are primary contexts retained for the process, and others
-                // belong to the caller, who had it current.
-                let _ = unsafe { result::ctx::set_current(before as sys::CUcontext) };
-            }
+        let now = match result::ctx::get_current() {
+            Ok(now) => now.map_or(NO_CONTEXT, |c| c as usize),
+            Err(_) => return,
+        };
+        if now != before {
+            // SAFETY: `before` was current on this thread when the guard was made (or is NULL,
+            // which unbinds); contexts cubridge binds are primary contexts retained for the
+            // process, and others belong to the caller, who had it current.
+            let _ = unsafe { result::ctx::set_current(before as sys::CUcontext) };
         }
     }
 }

@@ -95,8 +95,66 @@ fn find_pool(ordinal: u32) -> Result<Option<usize>> {
         )
     };
     check(raised, "raising the memory pool's release threshold")?;
+    share_with_peers(ordinal, pool);
     warm(ordinal, pool);
     Ok(Some(pool as usize))
+}
+
+/// Makes the memory of `pool` (device `ordinal`'s) readable and writable by every other device
+/// that can reach it (`cuDeviceCanAccessPeer`), so that copies between devices, cubridge's and
+/// other libraries' of exported arrays, go device to device. Pool memory does not follow the
+/// contexts' peer access; without this a peer copy is staged by the driver, or refused.
+/// Best effort: where the driver refuses, the pool stays as it was.
+fn share_with_peers(ordinal: u32, pool: sys::CUmemoryPool) {
+    let peers = (0..super::device_count() as u32).filter(|&p| p != ordinal);
+    let map: Vec<sys::CUmemAccessDesc> = peers
+        .filter(|&p| can_access_peer(p, ordinal))
+        .map(|p| sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: p as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        })
+        .collect();
+    if !map.is_empty() {
+        // SAFETY: a live pool; `map` holds `map.len()` initialised descriptors of devices.
+        let _ = unsafe { sys::cuMemPoolSetAccess(pool, map.as_ptr(), map.len()) };
+    }
+}
+
+/// Whether device `device` can address device `peer`'s memory directly.
+pub fn can_access_peer(device: u32, peer: u32) -> bool {
+    let mut can = 0;
+    let (Ok(d), Ok(p)) = (
+        result::device::get(device as i32),
+        result::device::get(peer as i32),
+    ) else {
+        return false;
+    };
+    // SAFETY: two valid device handles; `can` is a writable int.
+    let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, d, p) };
+    r == sys::CUresult::CUDA_SUCCESS && can != 0
+}
+
+/// Lets device `from`'s primary context address device `to`'s memory allocated outside pools
+/// (`cuCtxEnablePeerAccess`, as torch does before its copies between devices), once per pair,
+/// where the hardware allows; a copy between them then needs no staging. Best effort: access
+/// another library enabled first, or a refusal, leaves copies working as the driver does them.
+fn enable_peer_access(from: u32, to: u32) -> Result<()> {
+    static ENABLED: Mutex<Vec<(u32, u32)>> = Mutex::new(Vec::new());
+    let mut enabled = crate::lock(&ENABLED);
+    if enabled.contains(&(from, to)) {
+        return Ok(());
+    }
+    if can_access_peer(from, to) {
+        let peer = context::primary(to)?;
+        context::bind(from)?;
+        // SAFETY: `from`'s primary context is current and `peer` is a retained primary context.
+        let _ = unsafe { sys::cuCtxEnablePeerAccess(peer, 0) };
+    }
+    enabled.push((from, to));
+    Ok(())
 }
 
 /// Bit `n` is set while the pool of device `n` makes its first allocation on the warming thread
@@ -468,6 +526,43 @@ pub unsafe fn copy_async(
         unsafe { sys::cuMemcpyAsync(dst as u64, src as u64, bytes, stream.handle()).result() },
         "copying memory",
     )
+}
+
+/// Queues a copy of `bytes` from `src` (memory of device `src_ordinal`) to `dst` (of device
+/// `dst_ordinal`) on `stream` of `src_ordinal`, device to device (`cuMemcpyPeerAsync`, with the
+/// devices' peer access enabled where the hardware allows), without waiting.
+///
+/// # Safety
+/// Both ranges are valid for `bytes` and do not overlap, and stay valid until the copy has run;
+/// `dst` may be written once the work queued so far on `stream` has run.
+pub unsafe fn copy_peer_async(
+    (dst, dst_ordinal): (*mut u8, u32),
+    (src, src_ordinal): (*const u8, u32),
+    bytes: usize,
+    stream: Stream,
+) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    enable_peer_access(src_ordinal, dst_ordinal)?;
+    let (dst_ctx, src_ctx) = (
+        context::primary(dst_ordinal)?,
+        context::primary(src_ordinal)?,
+    );
+    context::bind(src_ordinal)?;
+    // SAFETY: the caller's contract; both contexts are retained primary contexts, the source's
+    // current, whose stream `stream` is.
+    let r = unsafe {
+        sys::cuMemcpyPeerAsync(
+            dst as u64,
+            dst_ctx,
+            src as u64,
+            src_ctx,
+            bytes,
+            stream.handle(),
+        )
+    };
+    check(r.result(), "copying memory between devices")
 }
 
 /// Sets `n` elements of `itemsize` bytes at `dst` (device memory of `ordinal`) to the element

@@ -160,10 +160,19 @@ impl Event {
         self.raw
     }
 
-    /// Makes `consumer` wait for this event without blocking the host.
+    /// Makes `consumer`, a stream of the event's device, wait for this event without blocking
+    /// the host.
     pub fn wait(&self, consumer: Stream) -> Result<()> {
-        context::bind(self.ordinal)?;
-        // SAFETY: a live event of this context; `consumer` is live (the caller's).
+        self.wait_on(consumer, self.ordinal)
+    }
+
+    /// Makes `consumer`, a stream of device `ordinal` (another device than the event's, it may
+    /// be: the default streams are named by the context current when waiting), wait for this
+    /// event without blocking the host.
+    pub fn wait_on(&self, consumer: Stream, ordinal: u32) -> Result<()> {
+        context::bind(ordinal)?;
+        // SAFETY: a live event (of this context or another: the driver orders across devices);
+        // `consumer` is live (the caller's), and a default stream names the bound context's.
         check(
             unsafe {
                 result::stream::wait_event(

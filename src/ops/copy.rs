@@ -5,6 +5,7 @@
 use crate::array::Array;
 use crate::cpu::{copy::copy_cast, SendPtr};
 use crate::cuda::kernels::{self, Index, Program};
+use crate::cuda::stream::Event;
 use crate::cuda::{memory, nvrtc, stream};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -112,17 +113,17 @@ fn host_to_device(src: &Array, dtype: DType, device: Device) -> Result<Array> {
 }
 
 /// `src`, contiguous on a CUDA device, into a new array of its dtype on `device`: queued on the
-/// legacy default stream after the source's pending work on the same device, complete on return
-/// elsewhere.
+/// legacy default stream after the source's pending work, on the same device or another (see
+/// [`peer_copy`]), complete on return in host memory.
 fn from_device(src: &Array, device: Device) -> Result<Array> {
     let n = cuda_ordinal(src.device())?;
+    match device {
+        Device::Cuda(m) if m != n => return peer_copy(src, n, m),
+        _ => {}
+    }
     src.order_before(stream::LEGACY)?;
     let dst = Array::empty(src.shape(), src.dtype(), device)?;
     let queued = device == Device::Cuda(n);
-    if let (Device::Cuda(m), false) = (device, queued) {
-        // Another device's stream copies into it: the allocation must have happened.
-        stream::synchronize(stream::LEGACY, m)?;
-    }
     let copy = if queued {
         memory::copy_async
     } else {
@@ -144,6 +145,32 @@ fn from_device(src: &Array, device: Device) -> Result<Array> {
         Array::keep_until_run([src], stream::LEGACY, None, n);
     }
     Ok(dst)
+}
+
+/// `src`, contiguous on device `n`, into a new array on device `m`: one copy device to device
+/// on `n`'s legacy default stream, after the source's pending work and the new memory's
+/// allocation (on `m`'s legacy default stream, made to wait with an event), which `m`'s legacy
+/// default stream then waits for in turn. The host never waits.
+fn peer_copy(src: &Array, n: u32, m: u32) -> Result<Array> {
+    src.order_before(stream::LEGACY)?;
+    let dst = Array::empty(src.shape(), src.dtype(), Device::Cuda(m))?;
+    if let Some(allocated) = dst.pending()? {
+        allocated.wait_on(stream::LEGACY, n)?;
+    }
+    // SAFETY: same shape and dtype, both contiguous, on two devices; dst's allocation is ordered
+    // before the copy's stream (above); the source is kept alive until the copy has run.
+    unsafe {
+        memory::copy_peer_async(
+            (dst.data_ptr(), m),
+            (src.data_ptr(), n),
+            dst.nbytes(),
+            stream::LEGACY,
+        )?
+    };
+    Array::keep_until_run([src], stream::LEGACY, None, n);
+    Event::record(stream::LEGACY, n)?.wait_on(stream::LEGACY, m)?;
+    // Readers of dst follow `m`'s legacy default stream, which now follows the copy.
+    Ok(dst.with_legacy_write())
 }
 
 fn host_copy(src: &Array, dtype: DType, device: Device) -> Result<Array> {

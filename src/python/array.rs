@@ -430,7 +430,8 @@ impl PyArray {
         numpy.call_method("array", (memory,), Some(&kwargs))
     }
 
-    /// A copy of the array on `device` (always a new array).
+    /// A copy of the array on `device` (always a new array). Between two GPUs the copy goes
+    /// device to device, queued after the array's pending work; the host does not wait.
     fn to_device(&self, py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<PyArray> {
         let _restore = crate::cuda::context::Restore::new();
         let device = super::types::parse_device(Some(device))?;
@@ -484,6 +485,7 @@ unsafe impl dlpark::python::DlpackExchangeProducer for PyArray {
         // cubridge's work stream is the legacy default stream: pending work on any other stream
         // is ordered before it with an event, without blocking the host. The consumer's own
         // stream is not told: the memory's free waits for the device.
+        let _restore = crate::cuda::context::Restore::new();
         export::hand_over(&self.inner, Reader::Unknown(Some(cs::LEGACY)))?;
         Ok(to_managed(&self.inner, false)?)
     }
@@ -507,6 +509,7 @@ unsafe impl dlpark::python::DlpackExchangeProducer for PyArray {
             .collect::<Result<Vec<_>, _>>()?;
         let dtype = crate::dtype::DType::from_dlpack(prototype.dtype).map_err(|e| e.to_string())?;
         let device = Device::from_dlpack(prototype.device).map_err(|e| e.to_string())?;
+        let _restore = crate::cuda::context::Restore::new();
         let array = Array::empty(&shape, dtype, device).map_err(|e| e.to_string())?;
         to_managed(&array, false).map_err(|e| e.to_string())
     }
@@ -515,6 +518,7 @@ unsafe impl dlpark::python::DlpackExchangeProducer for PyArray {
         py: Python<'_>,
         tensor: Managed<DLManagedTensorVersioned>,
     ) -> PyResult<Py<Self>> {
+        let _restore = crate::cuda::context::Restore::new();
         let array = crate::view::from_managed(tensor)?;
         Py::new(py, PyArray::new(array))
     }

@@ -520,16 +520,10 @@ pub fn cuda_loaded_programs() -> Vec<(String, u32)> {
     crate::cuda::kernels::loaded_programs()
 }
 
-/// The CUDA device a `device=` argument names (default: the current device).
+/// The CUDA device a `device=` argument names (default: the current device), checked to exist.
 fn cuda_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
-    let device = match device.filter(|d| !d.is_none()) {
-        None => crate::cuda::current_device()?,
-        Some(d) => parse_device(Some(d))?,
-    };
-    let crate::Device::Cuda(n) = device else {
-        return Err(Error::invalid(format!("{device} is not a CUDA device")).into());
-    };
-    crate::cuda::require(device)?;
+    let n = super::types::parse_cuda_device(device)?;
+    crate::cuda::require(crate::Device::Cuda(n))?;
     Ok(n)
 }
 

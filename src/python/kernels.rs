@@ -294,10 +294,7 @@ impl PyRawKernel {
     #[pyo3(signature = (device=None))]
     fn compile(&self, py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let _restore = crate::cuda::context::Restore::new();
-        let device = match device.filter(|d| !d.is_none()) {
-            Some(d) => super::types::parse_device(Some(d))?,
-            None => crate::cuda::current_device()?,
-        };
+        let device = crate::Device::Cuda(super::types::parse_cuda_device(device)?);
         Ok(py.detach(|| self.inner.compile(device))?)
     }
 

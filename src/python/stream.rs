@@ -80,9 +80,9 @@ unsafe impl DlpackStream for Consumer {
     }
 }
 
-/// `cubridge.cuda.Stream(device=None)`: a new CUDA stream on `device` (default: the current
-/// device), owned by cubridge, for `stream=` arguments of cubridge and of other libraries
-/// (it has `__cuda_stream__`).
+/// `cubridge.cuda.Stream(device=None)`: a new CUDA stream on `device` (an int, `"cuda:N"`, a
+/// `torch.device`, a `cupy.cuda.Device`; default: the current device), owned by cubridge, for
+/// `stream=` arguments of cubridge and of other libraries (it has `__cuda_stream__`).
 ///
 /// Raises:
 /// - ValueError: `device` is not a CUDA device.
@@ -103,21 +103,7 @@ impl PyStream {
     #[pyo3(signature = (device=None))]
     fn new(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let _restore = crate::cuda::context::Restore::new();
-        let ordinal = match device.filter(|d| !d.is_none()) {
-            None => match crate::cuda::current_device()? {
-                crate::Device::Cuda(n) => n,
-                _ => 0,
-            },
-            Some(d) => match super::types::parse_device(Some(d))? {
-                crate::Device::Cuda(n) => n,
-                other => {
-                    return Err(Error::invalid(format!(
-                        "streams live on CUDA devices, not {other}"
-                    ))
-                    .into())
-                }
-            },
-        };
+        let ordinal = super::types::parse_cuda_device(device)?;
         crate::cuda::require(crate::Device::Cuda(ordinal))?;
         // The driver may block (it takes its own locks); never hold the GIL across that.
         let handle = py.detach(|| cs::create(ordinal))?;
@@ -138,6 +124,7 @@ impl PyStream {
 
     /// Blocks until the work queued on this stream is done (without holding the GIL).
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let _restore = crate::cuda::context::Restore::new();
         let (h, o) = (self.handle, self.ordinal);
         Ok(py.detach(|| cs::synchronize(h, o))?)
     }
@@ -158,6 +145,8 @@ impl PyStream {
 
 impl Drop for PyStream {
     fn drop(&mut self) {
+        // Dropped wherever the last reference goes: the caller's current device stays.
+        let _restore = crate::cuda::context::Restore::new();
         cs::destroy(self.handle, self.ordinal);
     }
 }

@@ -5,6 +5,7 @@
 use crate::array::Array;
 use crate::device::{Device, DeviceSpec};
 use crate::dtype::DType;
+use crate::error::Error;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyType};
 
@@ -93,14 +94,18 @@ impl PyDType {
 }
 
 /// `Device(name)`: a device, from `"cpu"`, `"cuda"` (the current CUDA device), `"cuda:N"`,
-/// `"cuda_host"` (pinned host memory) or `"cuda_managed"`. `str(d)` is the canonical name
-/// (`"cuda:0"`), and `d` compares equal to it.
+/// `"cuda_host"` (pinned host memory) or `"cuda_managed"`, or as torch and CuPy users name one:
+/// an int N (`"cuda:N"`), a `torch.device`, a `cupy.cuda.Device`. Every `device=` argument
+/// takes the same. `str(d)` is the canonical name (`"cuda:0"`), and `d` compares equal to it.
 ///
 /// Raises:
-/// - ValueError: an unknown device name.
+/// - ValueError: an unknown device name, or a negative int.
+/// - TypeError: an object that names no device (the message lists what is accepted).
 /// - CudaUnavailableError: `"cuda"` on a machine without CUDA.
 ///
 /// >>> cubridge.Device("cpu") == "cpu"
+/// True
+/// >>> cubridge.Device(1) == cubridge.Device(torch.device("cuda", 1)) == "cuda:1"
 /// True
 /// >>> cubridge.zeros(2).device
 /// cubridge.Device('cpu')
@@ -237,20 +242,84 @@ fn numpy_dtype(obj: &Bound<'_, PyAny>) -> Option<PyResult<DType>> {
     Some(read())
 }
 
-/// Reads a device argument (None means cpu): a `cubridge.Device` or a name.
+/// Reads a device argument whose default (None) is cpu: the creation functions', `to_device`'s.
+/// See [`device_spec`] for the forms it takes.
 pub fn parse_device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
-    let Some(obj) = obj else {
-        return Ok(Device::Cpu);
-    };
-    if obj.is_none() {
-        return Ok(Device::Cpu);
+    match device_spec(obj)? {
+        None => Ok(Device::Cpu),
+        Some(spec) => resolve(spec),
     }
-    if let Ok(d) = obj.cast::<PyDevice>() {
-        return Ok(d.get().0);
+}
+
+/// Reads a device argument whose default (None) is the current CUDA device: `cubridge.cuda`'s
+/// functions', `Stream`'s and a kernel's `compile`. Host devices are refused.
+pub fn parse_cuda_device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
+    let spec = device_spec(obj)?.unwrap_or(DeviceSpec::CurrentCuda);
+    match resolve(spec)? {
+        Device::Cuda(n) => Ok(n),
+        other => Err(Error::invalid(format!("{other} is not a CUDA device")).into()),
     }
-    let text: String = obj.str()?.to_string();
-    match Device::parse(&text)? {
+}
+
+fn resolve(spec: DeviceSpec) -> PyResult<Device> {
+    match spec {
         DeviceSpec::Exact(d) => Ok(d),
         DeviceSpec::CurrentCuda => Ok(crate::cuda::current_device()?),
     }
+}
+
+/// A device as torch and CuPy users name it: a `cubridge.Device`, a name (`"cuda:1"`), an int
+/// (CUDA ordinal, as torch reads one), a `torch.device` (any object with a string `type` and an
+/// int or None `index`) or a `cupy.cuda.Device` (its `id`). `None` for None.
+fn device_spec(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<DeviceSpec>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(d) = obj.cast::<PyDevice>() {
+        return Ok(Some(DeviceSpec::Exact(d.get().0)));
+    }
+    if let Ok(text) = obj.cast::<PyString>() {
+        return Ok(Some(Device::parse(text.to_str()?)?));
+    }
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(Error::wrong_type(Device::unknown(&obj.repr()?.to_string())).into());
+    }
+    if let Ok(n) = obj.cast::<pyo3::types::PyInt>() {
+        let n = n.extract::<i64>().unwrap_or(i64::MIN);
+        return Ok(Some(DeviceSpec::Exact(Device::from_ordinal(n)?)));
+    }
+    if let Some(spec) = foreign_device(obj)? {
+        return Ok(Some(spec));
+    }
+    // Other objects by their name (a jax GPU device's is "cuda:0").
+    match Device::parse(&obj.str()?.to_string()) {
+        Ok(spec) => Ok(Some(spec)),
+        Err(_) => Err(Error::wrong_type(Device::unknown(&obj.repr()?.to_string())).into()),
+    }
+}
+
+/// A `torch.device`-like object (`type` and `index`), or CuPy's `Device` (`id`); `None` for
+/// anything else.
+fn foreign_device(obj: &Bound<'_, PyAny>) -> PyResult<Option<DeviceSpec>> {
+    let py = obj.py();
+    let kind = obj.getattr_opt(pyo3::intern!(py, "type"))?;
+    let index = obj.getattr_opt(pyo3::intern!(py, "index"))?;
+    if let (Some(kind), Some(index)) = (kind, index) {
+        if let (Ok(kind), Ok(index)) = (kind.extract::<String>(), index.extract::<Option<i64>>()) {
+            return Ok(Some(match (kind.as_str(), index) {
+                ("cuda", Some(n)) => DeviceSpec::Exact(Device::from_ordinal(n)?),
+                // torch.device("cpu", 0) is the CPU; any other type names itself.
+                (kind, _) => Device::parse(kind)?,
+            }));
+        }
+    }
+    let module = obj.get_type().module()?;
+    if module.to_str()?.starts_with("cupy") {
+        if let Some(id) = obj.getattr_opt(pyo3::intern!(py, "id"))? {
+            return Ok(Some(DeviceSpec::Exact(Device::from_ordinal(
+                id.extract()?,
+            )?)));
+        }
+    }
+    Ok(None)
 }
