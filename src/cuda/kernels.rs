@@ -125,25 +125,43 @@ pub struct Module {
     pub lowered: Vec<String>,
 }
 
-/// Loaded modules by device and source; leaked, as modules stay loaded for the process.
-type ModuleCache = HashMap<(u32, Source), &'static Module>;
+/// What a module is made of.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum Code {
+    /// CUDA C++ for NVRTC.
+    Source(Source),
+    /// A precompiled cubin, fatbin or NUL-terminated PTX, as `cuModuleLoadData` takes it.
+    Image(Vec<u8>),
+}
+
+/// Loaded modules by device and code; leaked, as modules stay loaded for the process.
+type ModuleCache = HashMap<(u32, Code), &'static Module>;
 static MODULES: Mutex<Option<ModuleCache>> = Mutex::new(None);
 
-/// The module of `source` on `ordinal`, compiled and loaded once per process and device: its
-/// cubin shipped in the build where there is one for the device (see [`super::shipped`]), else
-/// the disk cache's (see [`super::disk_cache`]; with the lowered names of its name
-/// expressions), else NVRTC's. A shipped or cached image that the driver refuses (an older
-/// driver, say) is passed over for a compile; a refused cache entry is discarded. Leaves the
-/// device's context current.
-pub fn module(ordinal: u32, source: &Source) -> Result<&'static Module> {
+/// The module of `code` on `ordinal`, loaded once per process and device; leaves the device's
+/// context current. A source is compiled from its cubin shipped in the build where there is one
+/// for the device (see [`super::shipped`]), else the disk cache's (see [`super::disk_cache`];
+/// with the lowered names of its name expressions), else NVRTC's. A shipped or cached image
+/// that the driver refuses (an older driver, say) is passed over for a compile; a refused cache
+/// entry is discarded. (Callers reach this through [`super::shared::module`], which hands it to
+/// the process's runtime where this copy of cubridge adopted one.)
+pub fn module(ordinal: u32, code: &Code) -> Result<&'static Module> {
     context::bind(ordinal)?;
     let mut guard = crate::lock(&MODULES);
     let cache = guard.get_or_insert_with(HashMap::new);
-    if let Some(&found) = cache.get(&(ordinal, source.clone())) {
+    let key = (ordinal, code.clone());
+    if let Some(&found) = cache.get(&key) {
         return Ok(found);
     }
-    let found: &'static Module = Box::leak(Box::new(load_module(ordinal, source)?));
-    cache.insert((ordinal, source.clone()), found);
+    let module = match code {
+        Code::Source(source) => load_module(ordinal, source)?,
+        Code::Image(image) => Module {
+            handle: load_image(image)? as usize,
+            lowered: Vec::new(),
+        },
+    };
+    let found: &'static Module = Box::leak(Box::new(module));
+    cache.insert(key, found);
     Ok(found)
 }
 
@@ -155,27 +173,6 @@ fn load_image(image: &[u8]) -> Result<sys::CUmodule> {
         unsafe { result::module::load_data(image.as_ptr().cast()) },
         "loading a compiled kernel module",
     )
-}
-
-/// Loads a precompiled `image` (a cubin, fatbin or NUL-terminated PTX, as a user's file holds
-/// it) on `ordinal`, once per process and device; leaves the device's context current.
-pub fn module_of_image(ordinal: u32, image: &[u8]) -> Result<&'static Module> {
-    type Images = HashMap<(u32, Vec<u8>), &'static Module>;
-    static IMAGES: Mutex<Option<Images>> = Mutex::new(None);
-    context::bind(ordinal)?;
-    let mut guard = crate::lock(&IMAGES);
-    let cache = guard.get_or_insert_with(HashMap::new);
-    let key = (ordinal, image.to_vec());
-    if let Some(&found) = cache.get(&key) {
-        return Ok(found);
-    }
-    let handle = load_image(image)? as usize;
-    let module: &'static Module = Box::leak(Box::new(Module {
-        handle,
-        lowered: Vec::new(),
-    }));
-    cache.insert(key, module);
-    Ok(module)
 }
 
 /// [`module`]'s work, for a module not loaded yet; binds the device's context.
@@ -255,8 +252,6 @@ pub fn global(module: usize, name: &str) -> Result<(usize, usize)> {
 }
 
 /// Loads `program` into `ordinal`'s context (see [`module`]), and finds its functions.
-/// (Callers reach this through [`super::shared::program`], which hands it to the process's
-/// runtime where this copy of cubridge adopted one.)
 fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     let source = Source {
         name: program.name.clone(),
@@ -264,7 +259,7 @@ fn load(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
         options: program.options.clone(),
         name_expressions: Vec::new(),
     };
-    let loaded = module(ordinal, &source)?;
+    let loaded = module(ordinal, &Code::Source(source))?;
     let found = (program.functions.iter())
         .map(|name| function(loaded.handle, name))
         .collect::<Result<Vec<_>>>()?;
@@ -295,7 +290,9 @@ fn trace(name: &str, step: &str, took: std::time::Duration) {
 
 /// The functions of `program` on `ordinal` (`CUfunction`s, in the order of
 /// `program.functions`), compiled and loaded once per process and device. Callers that launch
-/// often keep what this returns: a lookup hashes the whole source.
+/// often keep what this returns: a lookup hashes the whole source. (Callers reach this through
+/// [`super::shared::program`], which hands it to the process's runtime where this copy of
+/// cubridge adopted one.)
 pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     let mut guard = crate::lock(&SOURCES);
     let cache = guard.get_or_insert_with(HashMap::new);
@@ -313,8 +310,11 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
 pub fn loaded_programs() -> Vec<(String, u32)> {
     let guard = crate::lock(&MODULES);
     let keys = guard.iter().flat_map(|cache| cache.keys());
-    keys.map(|(ordinal, s)| (s.name.clone(), *ordinal))
-        .collect()
+    keys.filter_map(|(ordinal, code)| match code {
+        Code::Source(s) => Some((s.name.clone(), *ordinal)),
+        Code::Image(_) => None,
+    })
+    .collect()
 }
 
 /// Most elements (and element offsets) the 32-bit kernels take, with room for a grid-stride step

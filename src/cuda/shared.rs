@@ -9,12 +9,13 @@
 //!
 //! The table is plain data: function pointers and C structs. Memory crosses as a pointer with
 //! an owner that the serving copy lets go of ([`Relayed`]); its uses as lent events and stream
-//! numbers; programs as text; errors as their kind, code and message. Nothing of Rust's layout
-//! crosses. Versions only append: the table starts with its [`VERSION`] and size, new entries
+//! numbers; programs and modules as text (a precompiled module as bytes), loaded modules as
+//! their handle and lowered names; errors as their kind, code and message. Nothing of Rust's
+//! layout crosses. Versions only append: the table starts with its [`VERSION`] and size, new entries
 //! go at the end, and a copy built for version N takes any table of version N or later.
 
 use super::free::{self, Uses};
-use super::kernels::{self, Program};
+use super::kernels::{self, Code, Module, Program};
 use super::memory::{CudaAlloc, MemoryKind};
 use super::release::{self, KeepAlive};
 use super::stream::{Event, Stream, Write, LEGACY};
@@ -26,7 +27,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The table's version: raised by one whenever an entry is appended.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// This build's crate version, as the table carries it.
 pub const CRATE_VERSION: &CStr =
@@ -71,6 +72,10 @@ pub struct Table {
     /// A new `cubridge.Array` (a new reference) over a tensor, with its last write; takes the
     /// tensor and the write in every case.
     pub wrap: unsafe extern "C" fn(*mut DLManagedTensorVersioned, Written) -> *mut c_void,
+    /// Version 3: loads a module on a device, writing its `CUmodule` and, one per name
+    /// expression asked for, its lowered name (the serving copy's text, kept for the process).
+    pub module:
+        unsafe extern "C" fn(u32, *const ModuleText, *mut usize, *mut Text, *mut Failure) -> i32,
 }
 
 // SAFETY: the table is immutable plain data: function pointers and a pointer to a static string.
@@ -94,6 +99,7 @@ impl Table {
             free_text: serve::free_text,
             import,
             wrap,
+            module: serve::module,
         }
     }
 }
@@ -139,11 +145,54 @@ pub struct LentUses {
     pub unknown: bool,
 }
 
-/// UTF-8 text lent for a call.
+/// UTF-8 text (or, for an image, bytes) lent for a call.
 #[repr(C)]
 pub struct Text {
     pub ptr: *const u8,
     pub len: usize,
+}
+
+impl Text {
+    /// `bytes`, lent for a call.
+    fn of(bytes: &[u8]) -> Text {
+        Text {
+            ptr: bytes.as_ptr(),
+            len: bytes.len(),
+        }
+    }
+
+    /// The lent bytes.
+    ///
+    /// # Safety
+    /// `ptr` holds `len` readable bytes (or `len` is 0) for the borrow.
+    unsafe fn bytes(&self) -> &[u8] {
+        match self.len {
+            0 => &[],
+            // SAFETY: the caller's contract.
+            n => unsafe { std::slice::from_raw_parts(self.ptr, n) },
+        }
+    }
+
+    /// The lent text, copied (invalid UTF-8 replaced).
+    ///
+    /// # Safety
+    /// As [`Text::bytes`].
+    unsafe fn owned(&self) -> String {
+        // SAFETY: the caller's contract.
+        String::from_utf8_lossy(unsafe { self.bytes() }).into_owned()
+    }
+}
+
+/// `n` lent entries from `p` (none where `n` is 0).
+///
+/// # Safety
+/// `p` holds `n` readable entries for the borrow.
+unsafe fn lent_list<'a, T>(p: *const T, n: usize) -> &'a [T] {
+    match n {
+        0 => &[],
+        // SAFETY: the caller's contract.
+        n => unsafe { std::slice::from_raw_parts(p, n) },
+    }
 }
 
 /// A program lent for a call (see [`Program`]).
@@ -155,6 +204,20 @@ pub struct ProgramText {
     pub n_options: usize,
     pub functions: *const Text,
     pub n_functions: usize,
+}
+
+/// A module lent for a call (see [`Code`]): CUDA C++ (`image` false) with its name, options
+/// and name expressions, or a precompiled image (`image` true; the other lists empty).
+#[repr(C)]
+pub struct ModuleText {
+    pub image: bool,
+    pub name: Text,
+    /// The source, or the image's bytes.
+    pub code: Text,
+    pub options: *const Text,
+    pub n_options: usize,
+    pub name_expressions: *const Text,
+    pub n_name_expressions: usize,
 }
 
 /// What `import` hands back.
@@ -323,6 +386,8 @@ pub struct Services {
     pub allocate: fn(&Need) -> Result<Memory>,
     /// The functions of a program on a device, compiled and loaded once per process.
     pub program: fn(u32, &Program) -> Result<&'static [usize]>,
+    /// A module on a device, compiled and loaded once per process.
+    pub module: fn(u32, &Code) -> Result<&'static Module>,
     /// Keeps the values alive until the work queued so far on the stream of the device has
     /// run (the event follows that work; `None` on the legacy default stream).
     pub keep_alive: fn(Option<Arc<Event>>, Vec<KeepAlive>, Stream, u32),
@@ -334,6 +399,7 @@ pub struct Services {
 static LOCAL: Services = Services {
     allocate: allocate_here,
     program: kernels::program,
+    module: kernels::module,
     keep_alive: release::keep_alive_until,
     note_capture: free::note_capture,
 };
@@ -342,6 +408,7 @@ static LOCAL: Services = Services {
 static RELAYED: Services = Services {
     allocate: relay::allocate,
     program: relay::program,
+    module: relay::module,
     keep_alive: relay::keep_alive,
     note_capture: relay::note_capture,
 };
@@ -361,6 +428,12 @@ pub fn services() -> &'static Services {
 /// [`kernels::program`]) by the process's services.
 pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
     (services().program)(ordinal, program)
+}
+
+/// The module of `code` on device `ordinal`, loaded once per process (see [`kernels::module`])
+/// by the process's services.
+pub fn module(ordinal: u32, code: &Code) -> Result<&'static Module> {
+    (services().module)(ordinal, code)
 }
 
 /// The adopted table, for the Python layer's relayed entries (`import`, `wrap`).
@@ -606,6 +679,78 @@ mod relay {
         Ok(found)
     }
 
+    pub(super) fn module(ordinal: u32, code: &Code) -> Result<&'static Module> {
+        cached_module(table()?, ordinal, code)
+    }
+
+    /// The module of `code` on `ordinal` as `table` serves it, asked for once per process
+    /// and device (the serving copy keeps it loaded).
+    pub(super) fn cached_module(
+        table: &Table,
+        ordinal: u32,
+        code: &Code,
+    ) -> Result<&'static Module> {
+        type Loaded = HashMap<(u32, Code), &'static Module>;
+        static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+        let key = (ordinal, code.clone());
+        if let Some(&found) = crate::lock(&LOADED)
+            .get_or_insert_with(HashMap::new)
+            .get(&key)
+        {
+            return Ok(found);
+        }
+        let found: &'static Module = Box::leak(Box::new(load_module(table, ordinal, code)?));
+        crate::lock(&LOADED)
+            .get_or_insert_with(HashMap::new)
+            .insert(key, found);
+        Ok(found)
+    }
+
+    fn load_module(table: &Table, ordinal: u32, code: &Code) -> Result<Module> {
+        let (name, bytes, options, names): (&str, &[u8], &[String], &[String]) = match code {
+            Code::Source(s) => (
+                &s.name,
+                s.source.as_bytes(),
+                &s.options,
+                &s.name_expressions,
+            ),
+            Code::Image(image) => ("", image, &[], &[]),
+        };
+        let texts = |list: &[String]| -> Vec<Text> {
+            list.iter().map(|s| Text::of(s.as_bytes())).collect()
+        };
+        let (options, names) = (texts(options), texts(names));
+        let lent = ModuleText {
+            image: matches!(code, Code::Image(_)),
+            name: Text::of(name.as_bytes()),
+            code: Text::of(bytes),
+            options: options.as_ptr(),
+            n_options: options.len(),
+            name_expressions: names.as_ptr(),
+            n_name_expressions: names.len(),
+        };
+        let mut handle = 0usize;
+        let mut lowered: Vec<Text> = names.iter().map(|_| Text::of(&[])).collect();
+        let mut failure = Failure::empty();
+        // SAFETY: the texts and the outputs (one lowered name per name expression) are valid
+        // for the call.
+        let status = unsafe {
+            (table.module)(
+                ordinal,
+                &lent,
+                &mut handle,
+                lowered.as_mut_ptr(),
+                &mut failure,
+            )
+        };
+        if status != 0 {
+            return Err(failed(table, failure));
+        }
+        // SAFETY: the serving copy's names, kept for the process (or left empty).
+        let lowered = lowered.iter().map(|t| unsafe { t.owned() }).collect();
+        Ok(Module { handle, lowered })
+    }
+
     pub(super) fn keep_alive(
         event: Option<Arc<Event>>,
         held: Vec<KeepAlive>,
@@ -759,11 +904,9 @@ pub mod serve {
         // SAFETY: the caller's contract.
         let lent = unsafe { &*lent };
         // SAFETY: the caller's contract, for each text.
-        let owned = |t: &Text| unsafe {
-            String::from_utf8_lossy(std::slice::from_raw_parts(t.ptr, t.len)).into_owned()
-        };
+        let owned = |t: &Text| unsafe { t.owned() };
         // SAFETY: the caller's contract.
-        let list = |p: *const Text, n: usize| unsafe { std::slice::from_raw_parts(p, n) };
+        let list = |p: *const Text, n: usize| unsafe { lent_list(p, n) };
         let program = Program {
             name: owned(&lent.name),
             source: owned(&lent.source),
@@ -781,6 +924,64 @@ pub mod serve {
                 // SAFETY: the caller's contract: one slot per function asked for.
                 let out = unsafe { std::slice::from_raw_parts_mut(found, functions.len()) };
                 out.copy_from_slice(functions);
+                0
+            }
+            // SAFETY: the caller's contract.
+            Err(e) => unsafe { fail(&e, failure) },
+        }
+    }
+
+    /// The module that `lent` describes, copied.
+    ///
+    /// # Safety
+    /// The module's texts and lists are valid for their lengths.
+    pub unsafe fn code_of(lent: &ModuleText) -> Code {
+        // SAFETY: the caller's contract, for each text.
+        let owned = |t: &Text| unsafe { t.owned() };
+        // SAFETY: the caller's contract, for each list.
+        let list =
+            |p: *const Text, n: usize| unsafe { lent_list(p, n) }.iter().map(owned).collect();
+        if lent.image {
+            // SAFETY: the caller's contract.
+            return Code::Image(unsafe { lent.code.bytes() }.to_vec());
+        }
+        Code::Source(kernels::Source {
+            name: owned(&lent.name),
+            source: owned(&lent.code),
+            options: list(lent.options, lent.n_options),
+            name_expressions: list(lent.name_expressions, lent.n_name_expressions),
+        })
+    }
+
+    /// `Table::module`.
+    ///
+    /// # Safety
+    /// The module's texts and lists are valid for their lengths; `lowered` holds
+    /// `n_name_expressions` slots; `handle` and `failure` are valid for writes.
+    pub unsafe extern "C" fn module(
+        ordinal: u32,
+        lent: *const ModuleText,
+        handle: *mut usize,
+        lowered: *mut Text,
+        failure: *mut Failure,
+    ) -> i32 {
+        // SAFETY: the caller's contract.
+        let code = unsafe { code_of(&*lent) };
+        match kernels::module(ordinal, &code) {
+            Ok(module) => {
+                // SAFETY: the caller's contract: one slot per name expression.
+                let slots = unsafe {
+                    match (*lent).n_name_expressions {
+                        0 => &mut [],
+                        n => std::slice::from_raw_parts_mut(lowered, n),
+                    }
+                };
+                // The names live for the process, with the module.
+                for (slot, name) in slots.iter_mut().zip(&module.lowered) {
+                    *slot = Text::of(name.as_bytes());
+                }
+                // SAFETY: the caller's contract.
+                unsafe { *handle = module.handle };
                 0
             }
             // SAFETY: the caller's contract.
@@ -899,6 +1100,56 @@ mod tests {
             let (code, ordinal) = kind_code(kind);
             assert_eq!(kind_of(code, ordinal), kind);
         }
+    }
+
+    /// The calls a host's `module` entry took, as the host copied them.
+    static ASKED: Mutex<Vec<(u32, Code)>> = Mutex::new(Vec::new());
+    const LOWERED: &str = "_Z5scaleIfEvPfS0_";
+
+    /// A host's `module` entry: records what it was asked for and answers with a made-up
+    /// module whose name expressions all lowered to [`LOWERED`].
+    unsafe extern "C" fn host_module(
+        ordinal: u32,
+        lent: *const ModuleText,
+        handle: *mut usize,
+        lowered: *mut Text,
+        _: *mut Failure,
+    ) -> i32 {
+        // SAFETY: the relaying copy lends a valid module and one slot per name expression.
+        unsafe {
+            crate::lock(&ASKED).push((ordinal, serve::code_of(&*lent)));
+            for k in 0..(*lent).n_name_expressions {
+                *lowered.add(k) = Text::of(LOWERED.as_bytes());
+            }
+            *handle = 0xC0DE;
+        }
+        0
+    }
+
+    #[test]
+    fn modules_cross_the_table_whole_and_are_asked_for_once_per_device() {
+        let host = Table {
+            module: host_module,
+            ..Table::served(unreachable_import, unreachable_wrap)
+        };
+        let source = Code::Source(kernels::Source {
+            name: "scale".into(),
+            source: "template <class T> __global__ void scale(T* x, T a) { *x *= a; }".into(),
+            options: vec!["-DN=3".into(), "-lineinfo".into()],
+            name_expressions: vec!["scale<float>".into()],
+        });
+        let image = Code::Image(b"\x7fELF\0\x02binary\0".to_vec());
+        for code in [&source, &image] {
+            let first = relay::cached_module(&host, 7, code).unwrap();
+            let again = relay::cached_module(&host, 7, code).unwrap();
+            assert!(std::ptr::eq(first, again));
+            assert_eq!(first.handle, 0xC0DE);
+            let expected = usize::from(matches!(code, Code::Source(_)));
+            assert_eq!(first.lowered, vec![LOWERED; expected]);
+        }
+        relay::cached_module(&host, 8, &image).unwrap();
+        let asked = crate::lock(&ASKED).clone();
+        assert_eq!(asked, [(7, source), (7, image.clone()), (8, image)]);
     }
 
     unsafe extern "C" fn unreachable_import(_: *mut c_void, _: *mut ImportReply) -> i32 {

@@ -5,7 +5,7 @@
 //! arrays over the module's memory.
 
 use crate::array::Array;
-use crate::cuda::kernels::{self, Module, Source};
+use crate::cuda::kernels::{self, Code, Module, Source};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -13,16 +13,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-/// What a module is made of.
-enum Code {
-    /// CUDA C++ for NVRTC.
-    Source(Source),
-    /// A precompiled image, as `cuModuleLoadData` takes it, and the file it came from.
-    Image { path: String, image: Vec<u8> },
-}
-
 /// A user's CUDA module; see the module documentation.
 pub struct RawModule {
+    /// Names the module in errors: its name, or the file it came from.
+    name: String,
     code: Code,
     /// The loaded module per device ordinal (modules stay loaded for the process).
     loaded: Mutex<HashMap<u32, &'static Module>>,
@@ -103,7 +97,7 @@ impl RawModule {
             options,
             name_expressions,
         };
-        Ok(RawModule::of(Code::Source(source)))
+        Ok(RawModule::of(name.to_string(), Code::Source(source)))
     }
 
     /// A module of the precompiled cubin, PTX or fatbin file at `path`. NVRTC `options` and
@@ -132,11 +126,12 @@ impl RawModule {
         if image_kind(&image, &shown)? == ImageKind::Ptx && image.last() != Some(&0) {
             image.push(0);
         }
-        Ok(RawModule::of(Code::Image { path: shown, image }))
+        Ok(RawModule::of(shown, Code::Image(image)))
     }
 
-    fn of(code: Code) -> RawModule {
+    fn of(name: String, code: Code) -> RawModule {
         RawModule {
+            name,
             code,
             loaded: Mutex::new(HashMap::new()),
         }
@@ -144,23 +139,18 @@ impl RawModule {
 
     /// What names the module in errors: its name, or its file.
     pub fn name(&self) -> &str {
-        match &self.code {
-            Code::Source(s) => &s.name,
-            Code::Image { path, .. } => path,
-        }
+        &self.name
     }
 
-    /// The module on `ordinal`, compiled (or read from the caches) and loaded on first use;
+    /// The module on `ordinal`, compiled (or read from the caches) and loaded on first use,
+    /// once per process (by the process's runtime: see [`crate::cuda::shared::module`]);
     /// leaves the device's context current.
     fn module(&self, ordinal: u32) -> Result<&'static Module> {
+        crate::cuda::context::bind(ordinal)?;
         if let Some(&m) = crate::lock(&self.loaded).get(&ordinal) {
-            crate::cuda::context::bind(ordinal)?;
             return Ok(m);
         }
-        let m = match &self.code {
-            Code::Source(source) => kernels::module(ordinal, source)?,
-            Code::Image { image, .. } => kernels::module_of_image(ordinal, image)?,
-        };
+        let m = crate::cuda::shared::module(ordinal, &self.code)?;
         crate::lock(&self.loaded).insert(ordinal, m);
         Ok(m)
     }
@@ -169,7 +159,7 @@ impl RawModule {
     fn symbol<'a>(&'a self, name: &'a str, module: &'a Module) -> &'a str {
         let expressions = match &self.code {
             Code::Source(s) => &s.name_expressions[..],
-            Code::Image { .. } => &[],
+            Code::Image(_) => &[],
         };
         match expressions.iter().position(|e| e == name) {
             Some(k) => module.lowered.get(k).map_or(name, String::as_str),

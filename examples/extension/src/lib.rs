@@ -3,16 +3,21 @@
 //! CUDA kernel of this crate's own on device memory and by a Rust loop on host memory, without
 //! copying the inputs. The result is a `cubridge.Array`, which every framework takes: the
 //! crate's copy of cubridge hands its allocations, kernel loads and results to the `cubridge`
-//! module's runtime.
+//! module's runtime. `scale(x, alpha)` multiplies a CUDA float32 array in place with a
+//! `RawKernel`, which that runtime compiles and loads too.
 
+use cubridge::cpu::element::Scalar;
 use cubridge::cuda::kernels::Program;
 use cubridge::cuda::launch::{launch, Params, BLOCK};
 use cubridge::cuda::shared::program;
 use cubridge::cuda::stream::Stream;
 use cubridge::ops::launch::Launch;
+use cubridge::ops::raw::RawKernel;
+use cubridge::ops::Arg;
 use cubridge::python::{prepare_extension, work_stream, AnyArray};
 use cubridge::{Array, DType, Device, Error, Result};
 use pyo3::prelude::*;
+use std::sync::OnceLock;
 
 /// This crate's kernel: a grid-stride loop over contiguous float32 arrays.
 const SOURCE: &str = r#"
@@ -21,6 +26,15 @@ extern "C" __global__ void scaled_add(const float* x, const float* y, float* out
     long long step = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
         out[i] = alpha * x[i] + y[i];
+}
+"#;
+
+/// `scale`'s kernel, as a `RawKernel` takes it (also in Python, as `SCALE_SOURCE`).
+const SCALE_SOURCE: &str = r#"
+extern "C" __global__ void scale(float* x, float alpha, long long n) {
+    long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        x[i] *= alpha;
 }
 "#;
 
@@ -136,8 +150,55 @@ fn on_gpu(x: &Array, y: &Array, alpha: f32, stream: Stream) -> Result<Array> {
     Ok(out)
 }
 
+/// `scale`'s kernel, made once; its module is compiled and loaded once per process and device
+/// by the `cubridge` module's runtime, whoever asks for it (`cubridge.RawKernel` of the same
+/// source and name included).
+fn scale_kernel() -> Result<&'static RawKernel> {
+    static KERNEL: OnceLock<RawKernel> = OnceLock::new();
+    if let Some(kernel) = KERNEL.get() {
+        return Ok(kernel);
+    }
+    let kernel = RawKernel::new(SCALE_SOURCE, "scale", Vec::new())?;
+    Ok(KERNEL.get_or_init(|| kernel))
+}
+
+/// Multiplies the contiguous float32 CUDA array `x` (of any producer) by `alpha` in place, on
+/// `stream` when given, else the producer's current stream, else the default stream.
+#[pyfunction]
+#[pyo3(signature = (x, alpha, *, stream=None))]
+fn scale(
+    py: Python<'_>,
+    x: AnyArray,
+    alpha: f32,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let stream = work_stream(stream, &[&x])?;
+    let x = x.array();
+    check(x, x)?;
+    if !matches!(x.device(), Device::Cuda(_)) {
+        return Err(
+            Error::invalid(format!("x is on {}; scale takes CUDA arrays", x.device())).into(),
+        );
+    }
+    let n = x.numel();
+    let args = [
+        Arg::Array(x.clone()),
+        Arg::Value(Scalar::Float(alpha.into()), Some(DType::Float32)),
+        Arg::Value(Scalar::Int(n as i128), Some(DType::Int64)),
+    ];
+    let grid = n.div_ceil(BLOCK as usize).clamp(1, 1 << 20) as u32;
+    let kernel = scale_kernel()?;
+    // SAFETY: the kernel takes a float pointer, a float and a long long, and touches only the n
+    // contiguous float32 elements of x (checked above); launch orders x's pending writes first
+    // and keeps it alive until the kernel has run.
+    py.detach(|| unsafe { kernel.launch([grid, 1, 1], [BLOCK, 1, 1], &args, 0, stream, false) })?;
+    Ok(())
+}
+
 #[pymodule]
 fn cubridge_example(m: &Bound<'_, PyModule>) -> PyResult<()> {
     prepare_extension(m)?;
+    m.add("SCALE_SOURCE", SCALE_SOURCE)?;
+    m.add_function(wrap_pyfunction!(scale, m)?)?;
     m.add_function(wrap_pyfunction!(scaled_add, m)?)
 }

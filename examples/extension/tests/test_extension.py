@@ -114,7 +114,7 @@ except ImportError as e:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "refused:" in out.stdout, out.stdout + out.stderr
-    assert f"cubridge {cb.__version__} (runtime table version 2)" in out.stdout
+    assert f"cubridge {cb.__version__} (runtime table version 3)" in out.stdout
     assert "0.0.9 (runtime table version 1)" in out.stdout and "cubridge_example" in out.stdout
 
 
@@ -163,8 +163,32 @@ except ImportError as e:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "refused:" in out.stdout, out.stdout + out.stderr
-    assert f"built with cubridge {cb.__version__} (runtime table version 2)" in out.stdout
+    assert f"built with cubridge {cb.__version__} (runtime table version 3)" in out.stdout
     assert f"(version {cb.__version__})" in out.stdout and "cubridge_example" in out.stdout
+
+
+def test_scale_refuses_host_arrays():
+    with pytest.raises(ValueError, match="CUDA arrays"):
+        ext.scale(X.copy(), 2.0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_a_raw_kernel_of_the_extension_and_of_cubridge_is_loaded_once():
+    # The extension's RawKernel is compiled and loaded by the cubridge module's runtime (so it
+    # is in its loaded_programs), and cubridge's own RawKernel of the same source and name is
+    # that same module, not a second load.
+    n = 1001
+    x = torch.arange(n, dtype=torch.float32, device="cuda")
+    ext.scale(x, 3.0)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(x.cpu().numpy(), np.arange(n, dtype=np.float32) * 3)
+    assert cb.cuda.loaded_programs().count(("scale", 0)) == 1, cb.cuda.loaded_programs()
+    y = torch.ones(n, dtype=torch.float32, device="cuda")
+    cb.RawKernel(ext.SCALE_SOURCE, "scale")((4,), (256,), (y, np.float32(-2.0), np.int64(n)))
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(y.cpu().numpy(), np.full(n, -2.0, np.float32))
+    assert cb.cuda.loaded_programs().count(("scale", 0)) == 1, cb.cuda.loaded_programs()
 
 
 def _threads_named(prefix):
