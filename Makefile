@@ -28,14 +28,14 @@ $(BIN)/python: | tools
 	$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 
 $(VENV)/.build-deps: requirements/build.txt | $(BIN)/python
-	@echo "installing the build tools into .venv: maturin, numpy, zig (about 150 MB, 20 s)"
+	@echo "installing the build tools into .venv: maturin, numpy, zig (about 20 s)"
 	$(BIN)/python -m pip install -q -r requirements/build.txt
 	touch $@
 
 # PyPI's torch for Linux is its CUDA build: the NVIDIA libraries come with it, also without a
 # GPU (the CPU build is on download.pytorch.org, which not every machine reaches).
 $(VENV)/.test-deps: requirements/test.txt | $(BIN)/python
-	@echo "downloading the test environment: about 5.9 GB (torch with its CUDA libraries, jax, NVRTC), once"
+	@echo "downloading the test environment once: about 3.1 GB, 5 GB installed (torch with its CUDA libraries, jax, NVRTC)"
 	$(BIN)/python -m pip install --progress-bar on -r requirements/test.txt
 	touch $@
 
@@ -45,7 +45,7 @@ $(VENV)/.lint-deps: requirements/lint.txt | $(BIN)/python
 
 ## build: compile the extension (release) into .venv
 build: $(VENV)/.build-deps
-	@echo "building cubridge (release) into .venv (about 30 s the first time, on 2 cores)"
+	@echo "building cubridge (release) into .venv: about 3 min the first time on 2 cores, seconds after"
 	$(BIN)/maturin develop --release -q
 
 ## wheel: a release abi3 wheel in target/wheels, manylinux_2_28 for this host's architecture
