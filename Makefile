@@ -21,15 +21,22 @@ tools:
 		echo "cubridge needs Rust $(RUST_MIN) or newer; rustc is $${v:-not found} (rustup update, or https://rustup.rs)" >&2; exit 1; }
 
 # A venv whose creation fails half way is removed, so that the next run starts afresh.
+# Quiet steps say first what they do and about how long it takes (timed on 2 cores); the large
+# download shows pip's progress.
 $(BIN)/python: | tools
+	@echo "creating .venv and updating its pip (about 10 s)"
 	$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 
 $(VENV)/.build-deps: requirements/build.txt | $(BIN)/python
+	@echo "installing the build tools into .venv: maturin, numpy, zig (about 20 s)"
 	$(BIN)/python -m pip install -q -r requirements/build.txt
 	touch $@
 
+# PyPI's torch for Linux is its CUDA build: the NVIDIA libraries come with it, also without a
+# GPU (the CPU build is on download.pytorch.org, which not every machine reaches).
 $(VENV)/.test-deps: requirements/test.txt | $(BIN)/python
-	$(BIN)/python -m pip install -q -r requirements/test.txt
+	@echo "downloading the test environment once: about 3.1 GB, 5 GB installed (torch with its CUDA libraries, jax, NVRTC)"
+	$(BIN)/python -m pip install --progress-bar on -r requirements/test.txt
 	touch $@
 
 $(VENV)/.lint-deps: requirements/lint.txt | $(BIN)/python
@@ -38,6 +45,7 @@ $(VENV)/.lint-deps: requirements/lint.txt | $(BIN)/python
 
 ## build: compile the extension (release) into .venv
 build: $(VENV)/.build-deps
+	@echo "building cubridge (release) into .venv: about 3 min the first time on 2 cores, seconds after"
 	$(BIN)/maturin develop --release -q
 
 ## wheel: a release abi3 wheel in target/wheels, manylinux_2_28 for this host's architecture
@@ -73,17 +81,26 @@ wheel-check: $(VENV)/.build-deps
 demo: build
 	$(BIN)/python examples/demo.py
 
-## test: every test: Rust unit tests, the interop suite (CUDA cases skip without a GPU), then
-## the example extension crate (examples/extension), built and tested
+## test: every test: Rust unit tests (every kernel compiled by the NVRTC that .venv installed;
+## they fail without it), the interop suite (without a GPU the CUDA cases are not run, which the
+## summary says in one line), then the example extension crate (examples/extension), built and
+## tested
 test: test-rust test-python test-example
 
-test-rust: tools
-	cargo test --quiet
+# NVRTC from the nvidia pip packages in .venv (CUDA 13: nvidia/cu13/lib, CUDA 12:
+# nvidia/cuda_nvrtc/lib); CUBRIDGE_TEST_REQUIRE_NVRTC=1 fails the compile tests without it.
+test-rust: tools $(VENV)/.test-deps
+	@echo "building and running the Rust tests, which compile every kernel with NVRTC (about 3 min on 2 cores)"
+	@lib=$$(ls $(VENV)/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.* 2>/dev/null | head -n 1); \
+	test -n "$$lib" || { echo "no NVRTC in .venv: rm .venv/.test-deps and make test again" >&2; exit 1; }; \
+	echo "CUBRIDGE_TEST_NVRTC_DIR=$$(dirname $$lib) cargo test --quiet"; \
+	CUBRIDGE_TEST_REQUIRE_NVRTC=1 CUBRIDGE_TEST_NVRTC_DIR=$$(dirname $$lib) cargo test --quiet
 
 test-python: build $(VENV)/.test-deps
 	$(BIN)/python -m pytest interop-tests -q
 
 test-example: build $(VENV)/.test-deps
+	@echo "building the example extension (debug, about 20 s)"
 	cd examples/extension && $(BIN)/maturin develop -q
 	$(BIN)/python -m pytest examples/extension/tests -q
 

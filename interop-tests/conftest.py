@@ -152,17 +152,37 @@ def cb_module():
     return cb
 
 
+_CUDA_NOT_RUN = []
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test marked whole_gpu reads the device's free memory (`cb.cuda.mem_info`) or fills
+    """Without a GPU the tests marked cuda are deselected, not skipped one by one, and the
+    summary says how many were not run (they are neither passed nor skipped); `-m cuda` or
+    --matrix-json keeps them, each skipped with its reason.
+
+    A test marked whole_gpu reads the device's free memory (`cb.cuda.mem_info`) or fills
     most of it, so other processes on the GPU (pytest-xdist's other workers) change what it
     measures or take what it needs: beside them it is skipped, saying so. Run those tests
     without -n: `pytest -m whole_gpu interop-tests`."""
+    keep = "cuda" in (config.option.markexpr or "") or config.getoption("--matrix-json")
+    if not keep and not cb.cuda.is_available():
+        _CUDA_NOT_RUN[:] = [item for item in items if item.get_closest_marker("cuda")]
+        items[:] = [item for item in items if not item.get_closest_marker("cuda")]
+        config.hook.pytest_deselected(items=_CUDA_NOT_RUN)
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
         return
     skip = pytest.mark.skip(reason="needs the GPU to itself: run -m whole_gpu without -n")
     for item in items:
         if item.get_closest_marker("whole_gpu"):
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _CUDA_NOT_RUN:
+        terminalreporter.write_line(
+            f"{len(_CUDA_NOT_RUN)} CUDA tests not run: no NVIDIA GPU with a working driver here"
+            " (cubridge.cuda.is_available() is False; -m cuda lists each skip)"
+        )
 
 
 # --- the interop matrix's record (test_matrix.py; matrix_report.py reads it) -----------------

@@ -521,13 +521,18 @@ fn with_source_lines(log: &str, file: &str, source: &str) -> String {
 }
 
 /// For tests that compile with NVRTC without a GPU: adds `$CUBRIDGE_TEST_NVRTC_DIR` (a folder
-/// holding libnvrtc) to the search and says whether it was set; when not, notes the skip.
+/// holding libnvrtc) to the search and says whether it was set; when not, notes the skip, or
+/// fails the test where `CUBRIDGE_TEST_REQUIRE_NVRTC=1` (`make test`, whose environment
+/// installs NVRTC) so that a missing NVRTC is never a silent pass.
 #[cfg(test)]
 pub(crate) fn test_dir(what: &str) -> bool {
     match std::env::var_os("CUBRIDGE_TEST_NVRTC_DIR") {
         Some(dir) => {
             add_search_dirs([PathBuf::from(dir)]);
             true
+        }
+        None if std::env::var("CUBRIDGE_TEST_REQUIRE_NVRTC").is_ok_and(|v| v == "1") => {
+            panic!("CUBRIDGE_TEST_REQUIRE_NVRTC=1 but CUBRIDGE_TEST_NVRTC_DIR is not set: {what} not compiled")
         }
         None => {
             eprintln!("CUBRIDGE_TEST_NVRTC_DIR is not set: {what} not compiled");
