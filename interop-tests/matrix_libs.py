@@ -594,16 +594,6 @@ LIMITS = [
         "torch.from_dlpack does not read the C exchange table",
         _proto_is("exchange-table"),
     ),
-    Limit(
-        "torch",
-        "torch",
-        "producer",
-        ("RuntimeError",),
-        "CUDA error",
-        "torch's __dlpack__(stream=s) takes s for a stream of the current device, not of the "
-        "tensor's: jax's stream of cuda:1 is made to wait on an event of cuda:0's",
-        lambda cell: cell.device == "cuda:1" and cell.consumer == "jax",
-    ),
     # jax
     Limit(
         "jax",
@@ -960,34 +950,22 @@ def _import(name):
         return None
 
 
-def _libcuda():
-    """The CUDA driver library, or None without one."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-
-
 @contextlib.contextmanager
-def context_kept():
-    """Puts back, on leaving, the CUDA context that was current on this thread (none, where none
-    was). jax's runtime (XLA) leaves the context of the device it last worked on current on the
-    calling thread, and torch's and CuPy's current device is read from it: without this, a cell
-    on cuda:1 moves every later cell's current device to 1 (CuPy then allocates there, and
-    refuses a stream of cuda:0 under it)."""
-    import ctypes
-
-    cuda = _libcuda()
-    before = ctypes.c_void_p()
-    if cuda is None or cuda.cuCtxGetCurrent(ctypes.byref(before)) != 0:
+def current_device(index):
+    """Runs a cell as a user of its device would: with that device current for torch and CuPy
+    (both read the CUDA runtime's current device, and torch's `__dlpack__(stream=...)` refuses a
+    tensor of another device), and device 0 current again afterwards, whatever a library left
+    current (jax's runtime leaves the context of the last device it used current on the calling
+    thread)."""
+    torch = _import("torch")
+    if torch is None or not torch.cuda.is_available():
         yield
         return
+    torch.cuda.set_device(index)
     try:
         yield
     finally:
-        cuda.cuCtxSetCurrent(before)
+        torch.cuda.set_device(0)
 
 
 def gpu_index(device):

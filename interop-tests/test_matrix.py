@@ -26,11 +26,16 @@ ALL = m.cells()
 
 
 @pytest.fixture(autouse=True)
-def _current_context_kept():
-    """Each cell starts on the CUDA context (so the torch and CuPy current device) that the one
-    before started on, whatever its libraries left current (see matrix_libs.context_kept).
-    cubridge's own calls leave it as they found it (test_cuda.py checks that on its own)."""
-    with m.context_kept():
+def _cell_device(request):
+    """Each CUDA cell runs with its device current for torch and CuPy, as its user would run it
+    (see matrix_libs.current_device); cubridge's own calls leave the current device as they found
+    it (test_cuda.py checks that on its own)."""
+    callspec = getattr(request.node, "callspec", None)
+    cell = callspec.params.get("cell") if callspec else None
+    if cell is None or not cell.device.startswith("cuda"):
+        yield
+        return
+    with m.current_device(m.gpu_index(cell.device)):
         yield
 
 
