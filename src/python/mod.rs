@@ -14,6 +14,7 @@ mod functions;
 mod import;
 mod kernels;
 pub mod operands;
+mod pickle;
 mod runtime;
 mod stream;
 mod types;
@@ -52,6 +53,7 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::PyStream>()?;
     m.add_class::<kernels::PyElementwiseKernel>()?;
     m.add_class::<kernels::PyRawKernel>()?;
+    pickle::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Extension crates built on cubridge hand their work to this module's runtime.
     runtime::publish(m)?;
