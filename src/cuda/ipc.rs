@@ -317,3 +317,18 @@ pub fn reap() {
         drop(p.keep);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sharing_is_off_until_asked_and_needs_cuda() {
+        assert!(allocation_pool(0).unwrap().is_none());
+        if !crate::cuda::is_available() {
+            let e = set_shareable(true).unwrap_err();
+            assert!(matches!(e, Error::CudaUnavailable(_)), "{e}");
+            assert!(!is_shareable());
+        }
+    }
+}
