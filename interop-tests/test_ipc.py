@@ -11,6 +11,7 @@ import time
 from multiprocessing.reduction import ForkingPickler
 
 import cubridge as cb
+import ipc_children as children
 import numpy as np
 import pytest
 from conftest import NUMPY_DTYPES, sample, torch
@@ -73,26 +74,12 @@ def test_damaged_host_pickles_are_refused():
         cb._cubridge._ipc_import(b"nope", -1, 0, [1], [1], "float32", False)
 
 
-def _echo(a):
-    return a, np.from_dlpack(a).sum()
-
-
 def test_host_arrays_cross_a_spawn_process_by_value():
     x = sample((64,), "float64", seed=5)
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        back, total = pool.apply(_echo, (cb.asarray(x),))
+        back, total = pool.apply(children.echo, (cb.asarray(x),))
     np.testing.assert_array_equal(np.from_dlpack(back), x)
     assert total == x.sum()
-
-
-def _read_served(source):
-    from cubridge._pickle import _PoolFds
-
-    fd = _PoolFds.fetch(source)
-    try:
-        return os.read(fd, 5)
-    finally:
-        os.close(fd)
 
 
 def test_pool_descriptors_are_served_to_readers_as_often_as_asked():
@@ -102,8 +89,8 @@ def test_pool_descriptors_are_served_to_readers_as_often_as_asked():
     os.write(w, b"hello" * 2)
     source = _PoolFds.serve(r)
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        assert pool.apply(_read_served, (source,)) == b"hello"
-        assert pool.apply(_read_served, (source,)) == b"hello"  # served again, not used up
+        assert pool.apply(children.read_served, (source,)) == b"hello"
+        assert pool.apply(children.read_served, (source,)) == b"hello"  # served again, not used up
     os.close(w)
 
 
@@ -140,59 +127,6 @@ def test_pinned_and_managed_arrays_pickle_by_value(device):
 
 # --- CUDA: a reader process, one per start method --------------------------------------------
 
-_held = {}
-
-
-def _serve(requests, replies):
-    """The reader: runs (function, args) jobs until None, replying with each result. What a
-    job received is let go of before the reply, unless the job keeps it."""
-    cb.zeros(1, device="cuda")  # CUDA set up before the first array arrives
-    replies.put("ready")
-    while (job := requests.get()) is not None:
-        reply = _run(*job)
-        del job
-        replies.put(reply)
-
-
-def _run(fn, args):
-    try:
-        return fn(*args)
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        return e
-
-
-def _settle():
-    """Lets go of what earlier jobs received (the releases wait for the device)."""
-    gc.collect()
-    cb.cuda.empty_cache()
-    return True
-
-
-def _host_copy(a):
-    return np.from_dlpack(a.to_device("cpu"))
-
-
-def _double_in_place(a):
-    cb.add(a, a, out=a)
-    cb.cuda.synchronize()
-    return True
-
-
-def _hold(key, a):
-    _held[key] = a
-    return a.data_ptr
-
-
-def _let_go(key):
-    del _held[key]
-    return _settle()
-
-
-def _hold_and_die(a):
-    _held["doomed"] = a
-    _host_copy(a)
-    os._exit(3)
-
 
 def _context(method):
     if method == "torch":
@@ -208,7 +142,7 @@ class Reader:
     def __init__(self, method):
         ctx = _context(method)
         self.requests, self.replies = ctx.Queue(), ctx.Queue()
-        self.process = ctx.Process(target=_serve, args=(self.requests, self.replies))
+        self.process = ctx.Process(target=children.serve, args=(self.requests, self.replies))
         self.process.start()
         assert self.replies.get(timeout=60) == "ready"
 
@@ -225,13 +159,20 @@ class Reader:
 
 
 @pytest.fixture(scope="module", params=["spawn", "forkserver", "torch"])
-def reader(request):
+def reader_process(request):
     if not HAS_GPU:
         pytest.skip("no CUDA GPU here")
-    cb.cuda.set_shareable(True)
     r = Reader(request.param)
     yield r
     r.stop()
+
+
+@pytest.fixture
+def reader(reader_process):
+    """The reader process of the start method, with this process's new device memory
+    shareable for the test."""
+    cb.cuda.set_shareable(True)
+    yield reader_process
     cb.cuda.set_shareable(False)
 
 
@@ -245,7 +186,7 @@ def late_write(a, stream):
 def test_reader_sees_the_values_of_the_writers_still_queued_kernel(reader):
     a = cb.zeros(N, dtype="float32", device="cuda")
     late_write(a, cb.cuda.Stream())
-    got = reader(_host_copy, a)  # sent without any synchronize
+    got = reader(children.host_copy, a)  # sent without any synchronize
     np.testing.assert_array_equal(got, 3.0 * np.arange(N, dtype=np.float32) + 1.0)
 
 
@@ -253,7 +194,7 @@ def test_reader_sees_the_values_of_the_writers_still_queued_kernel(reader):
 def test_the_reader_maps_the_same_memory(reader):
     a = cb.asarray(np.arange(1000, dtype=np.float32), device="cuda")
     view = a.as_strided((10, 50), (100, 2), 1)
-    assert reader(_double_in_place, view)
+    assert reader(children.double_in_place, view)
     expected = np.arange(1000, dtype=np.float32)
     mask = np.zeros(1000, bool)
     mask[(np.arange(10)[:, None] * 100 + 1 + 2 * np.arange(50)).ravel()] = True
@@ -263,37 +204,37 @@ def test_the_reader_maps_the_same_memory(reader):
 
 @pytest.mark.cuda
 def test_memory_goes_back_to_the_writer_once_the_reader_lets_go(reader):
-    reader(_settle)
+    reader(children.settle)
     cb.cuda.empty_cache()
     before = cb.cuda.memory_stats()["allocated_bytes"]
     a = cb.zeros(16 << 20, dtype="float32", device="cuda")
-    reader(_hold, "big", a)
+    reader(children.hold, "big", a)
     del a
     gc.collect()
     cb.cuda.empty_cache()
     assert cb.cuda.memory_stats()["allocated_bytes"] >= before + (64 << 20)  # the reader holds it
-    assert reader(_let_go, "big")
+    assert reader(children.let_go, "big")
     cb.cuda.empty_cache()
     assert cb.cuda.memory_stats()["allocated_bytes"] == before
 
 
 @pytest.mark.cuda
 def test_a_reader_that_dies_holding_memory_breaks_nothing(reader):
-    reader(_settle)
+    reader(children.settle)
     cb.cuda.empty_cache()
     before = cb.cuda.memory_stats()["allocated_bytes"]
     a = cb.asarray(np.arange(4096, dtype=np.float32), device="cuda")
     ctx = multiprocessing.get_context("spawn")
-    doomed = ctx.Process(target=_hold_and_die, args=(a,))
+    doomed = ctx.Process(target=children.hold_and_die, args=(a,))
     doomed.start()
     doomed.join(60)
     assert doomed.exitcode == 3
     np.testing.assert_array_equal(
         np.from_dlpack((a + a).to_device("cpu")), 2 * np.arange(4096, dtype=np.float32)
     )
-    assert reader(_host_copy, a).sum() == np.arange(4096, dtype=np.float32).sum()
+    assert reader(children.host_copy, a).sum() == np.arange(4096, dtype=np.float32).sum()
     del a
-    reader(_settle)
+    reader(children.settle)
     gc.collect()
     deadline = time.monotonic() + 5
     while cb.cuda.memory_stats()["allocated_bytes"] != before and time.monotonic() < deadline:
