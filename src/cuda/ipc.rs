@@ -120,6 +120,7 @@ pub use wire::Wire;
 struct Parked {
     slot: usize,
     event: usize,
+    handle: [u8; 64],
     ordinal: u32,
     keep: Box<dyn Any + Send + Sync>,
 }
@@ -178,11 +179,12 @@ pub fn export(
         uuid,
         size: size as u64,
         pointer: data.reserved,
-        event: handle.reserved.map(|c| c as u8),
+        event: handle,
     };
     crate::lock(&PARKED).push(Parked {
         slot,
         event,
+        handle,
         ordinal,
         keep,
     });
@@ -221,14 +223,37 @@ fn block_of(ptr: u64, pool: sys::CUmemoryPool) -> Result<(u64, usize)> {
 
 /// An interprocess event recorded after `pending` (on cubridge's own stream, which waits for
 /// it on the device), and its handle.
-fn interprocess_event(
-    ordinal: u32,
-    pending: Option<Arc<Event>>,
-) -> Result<(usize, sys::CUipcEventHandle)> {
+fn interprocess_event(ordinal: u32, pending: Option<Arc<Event>>) -> Result<(usize, [u8; 64])> {
     let on = ipc_stream(ordinal)?;
     if let Some(event) = pending {
         event.wait(on)?;
     }
+    let spare = {
+        let mut spare = crate::lock(&SPARE_EVENTS);
+        let i = spare.iter().position(|&(o, ..)| o == ordinal);
+        i.map(|i| spare.swap_remove(i))
+    };
+    let (event, handle) = match spare {
+        Some((_, event, handle)) => (event, handle),
+        None => new_interprocess_event()?,
+    };
+    // SAFETY: a live interprocess event of this context (no reader waits for it any more, if
+    // it was used before) and a live stream of the current context.
+    let r = unsafe { sys::cuEventRecord(event as sys::CUevent, on.handle()) };
+    if let Err(e) = check(r.result(), "recording an interprocess event") {
+        destroy_event(event, ordinal);
+        return Err(e);
+    }
+    Ok((event, handle))
+}
+
+/// Interprocess events whose readers have all let go, by device, with their handles, kept for
+/// the next sends: creating one costs driver calls.
+static SPARE_EVENTS: Mutex<Vec<(u32, usize, [u8; 64])>> = Mutex::new(Vec::new());
+const MAX_SPARE_EVENTS: usize = 64;
+
+/// A new interprocess event of the current context and its handle.
+fn new_interprocess_event() -> Result<(usize, [u8; 64])> {
     let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
         | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
     let mut event: sys::CUevent = std::ptr::null_mut();
@@ -236,18 +261,24 @@ fn interprocess_event(
     let created = unsafe { sys::cuEventCreate(&mut event, flags) };
     check(created.result(), "creating an interprocess event")?;
     let mut handle = sys::CUipcEventHandle { reserved: [0; 64] };
-    // SAFETY: a live interprocess event and a live stream of the current context; the handle
-    // goes to a local.
-    let r = unsafe {
-        sys::cuEventRecord(event, on.handle())
-            .result()
-            .and_then(|_| sys::cuIpcGetEventHandle(&mut handle, event).result())
-    };
-    if let Err(e) = check(r, "exporting an event") {
-        destroy_event(event as usize, ordinal);
+    // SAFETY: a live interprocess event; the handle goes to a local.
+    let r = unsafe { sys::cuIpcGetEventHandle(&mut handle, event) };
+    if let Err(e) = check(r.result(), "exporting an event") {
+        // SAFETY: the event just created, destroyed once.
+        let _ = unsafe { sys::cuEventDestroy_v2(event) };
         return Err(e);
     }
-    Ok((event as usize, handle))
+    Ok((event as usize, handle.reserved.map(|c| c as u8)))
+}
+
+/// Keeps an interprocess event whose readers have let go for a later send, or destroys it.
+fn spare_event(ordinal: u32, event: usize, handle: [u8; 64]) {
+    let mut spare = crate::lock(&SPARE_EVENTS);
+    if spare.len() < MAX_SPARE_EVENTS {
+        return spare.push((ordinal, event, handle));
+    }
+    drop(spare);
+    destroy_event(event, ordinal);
 }
 
 fn destroy_event(event: usize, ordinal: u32) {
@@ -272,7 +303,13 @@ fn pool_fd(ordinal: u32, pool: sys::CUmemoryPool) -> Result<i32> {
     })
 }
 
+/// The UUID of device `ordinal`, read once per device.
 fn device_uuid(ordinal: u32) -> Result<[u8; 16]> {
+    static UUIDS: Mutex<Vec<Option<[u8; 16]>>> = Mutex::new(Vec::new());
+    context::per_device(&UUIDS, ordinal, || read_uuid(ordinal))
+}
+
+fn read_uuid(ordinal: u32) -> Result<[u8; 16]> {
     let dev = check(
         cudarc::driver::result::device::get(ordinal as i32),
         "looking up the device",
@@ -312,7 +349,7 @@ pub fn reap() {
     };
     N_PARKED.fetch_sub(done.len(), Ordering::AcqRel);
     for p in done {
-        destroy_event(p.event, p.ordinal);
+        spare_event(p.ordinal, p.event, p.handle);
         counters::give_back(p.slot);
         drop(p.keep);
     }
