@@ -191,6 +191,23 @@ def test_reader_sees_the_values_of_the_writers_still_queued_kernel(reader):
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_an_array_read_back_where_it_was_sent_is_the_same_memory():
+    cb.cuda.set_shareable(True)
+    try:
+        a = cb.zeros(N, dtype="float32", device="cuda")
+        late_write(a, cb.cuda.Stream())
+        q = multiprocessing.get_context("spawn").Queue()
+        q.put(a)
+        b = q.get(timeout=30)
+        assert b.data_ptr == a.data_ptr
+        expected = 3.0 * np.arange(N, dtype=np.float32) + 1.0
+        np.testing.assert_array_equal(np.from_dlpack(b.to_device("cpu")), expected)
+    finally:
+        cb.cuda.set_shareable(False)
+
+
+@pytest.mark.cuda
 def test_the_reader_maps_the_same_memory(reader):
     a = cb.asarray(np.arange(1000, dtype=np.float32), device="cuda")
     view = a.as_strided((10, 50), (100, 2), 1)

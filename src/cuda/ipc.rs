@@ -129,7 +129,7 @@ static PARKED: Mutex<Vec<Parked>> = Mutex::new(Vec::new());
 /// How many buffers are parked: allocations look at the counts only when some are.
 static N_PARKED: AtomicUsize = AtomicUsize::new(0);
 
-/// An exported block: what the reader needs, and where the block starts and ends here.
+/// An exported block: what the reader needs, and where the block starts here.
 pub struct Export {
     /// The data for [`import`].
     pub wire: Wire,
@@ -178,6 +178,7 @@ pub fn export(
         slot: slot as u32,
         uuid,
         size: size as u64,
+        base,
         pointer: data.reserved,
         event: handle,
     };
@@ -332,6 +333,20 @@ fn ordinal_of(uuid: &[u8; 16]) -> Result<u32> {
     Err(Error::invalid(
         "the sending process's device is not visible in this process (CUDA_VISIBLE_DEVICES)",
     ))
+}
+
+/// Whether `wire` came from this process (a queue read where it was written).
+fn is_own(wire: &Wire) -> bool {
+    (wire.pid, wire.nonce) == identity()
+}
+
+/// The interprocess event of this process's receipt in `slot`, while the receipt holds it.
+fn parked_event(slot: u32) -> Option<usize> {
+    let parked = crate::lock(&PARKED);
+    parked
+        .iter()
+        .find(|p| p.slot == slot as usize)
+        .map(|p| p.event)
 }
 
 /// Lets go of the parked buffers whose readers have all let go, or died.

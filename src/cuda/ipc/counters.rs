@@ -189,6 +189,7 @@ mod tests {
             slot: slot as u32,
             uuid: [0; 16],
             size: 0,
+            base: 0,
             pointer: [0; 64],
             event: [0; 64],
         }

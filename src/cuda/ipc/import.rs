@@ -1,7 +1,10 @@
 //! The reader's side: another process's pool, imported once per exporter and device; its
-//! blocks, mapped once while any array over them lives; and the order after the writer.
+//! blocks, mapped once while any array over them lives; and the order after the writer. A
+//! block read back in the process that sent it is used where it is, after the same event.
 
-use super::{counters, destroy_event, ipc_stream, ordinal_of, Wire, POSIX_FD};
+use super::{
+    counters, destroy_event, ipc_stream, is_own, ordinal_of, parked_event, Wire, POSIX_FD,
+};
 use crate::cuda::stream::{Event, Stream};
 use crate::cuda::{check, context, free};
 use crate::error::{Error, Result};
@@ -16,6 +19,8 @@ pub struct Mapping {
     size: usize,
     ordinal: u32,
     key: BlockKey,
+    /// A block of this process's own (nothing mapped, nothing to free).
+    own: bool,
     /// The counters to lower once the mapping is freed: one per receipt.
     counters: Mutex<Vec<&'static AtomicU64>>,
 }
@@ -73,6 +78,17 @@ fn map_block(
     pool_fd: Option<std::os::fd::OwnedFd>,
 ) -> Result<Arc<Mapping>> {
     let key = (wire.nonce, wire.pointer);
+    let new = |ptr, own| Mapping {
+        ptr,
+        size: wire.size as usize,
+        ordinal,
+        key,
+        own,
+        counters: Mutex::new(Vec::new()),
+    };
+    if is_own(wire) {
+        return Ok(Arc::new(new(wire.base, true)));
+    }
     loop {
         let mut mapped = crate::lock(&MAPPED);
         let map = mapped.get_or_insert_with(HashMap::new);
@@ -94,13 +110,7 @@ fn map_block(
         // SAFETY: an imported pool and export data from its exporter; out-pointer to a local.
         let r = unsafe { sys::cuMemPoolImportPointer(&mut ptr, pool, &mut data) };
         check(r.result(), "mapping another process's device memory")?;
-        let mapping = Arc::new(Mapping {
-            ptr,
-            size: wire.size as usize,
-            ordinal,
-            key,
-            counters: Mutex::new(Vec::new()),
-        });
+        let mapping = Arc::new(new(ptr, false));
         map.insert(key, Arc::downgrade(&mapping));
         return Ok(mapping);
     }
@@ -112,6 +122,9 @@ static IMPORTED: Mutex<Vec<((u64, u32), usize)>> = Mutex::new(Vec::new());
 /// Whether the pool of `wire`'s block is still to be imported here (its file descriptor is
 /// needed).
 pub fn needs_pool(wire: &Wire) -> Result<bool> {
+    if is_own(wire) {
+        return Ok(false);
+    }
     let ordinal = ordinal_of(&wire.uuid)?;
     Ok(!crate::lock(&IMPORTED)
         .iter()
@@ -150,6 +163,15 @@ fn imported_pool(
 /// An event after the exporter's last write of the block: cubridge's stream waits for the
 /// exporter's interprocess event and records one of its own, which consumers wait for.
 fn wait_for_writer(wire: &Wire, on: Stream, ordinal: u32) -> Result<Event> {
+    if is_own(wire) {
+        // This process's own event, which the receipt keeps parked.
+        let event = parked_event(wire.slot)
+            .ok_or_else(|| Error::invalid("this process no longer holds the array it sent"))?;
+        // SAFETY: a live event of this device and a live stream of the current context.
+        let waited = unsafe { sys::cuStreamWaitEvent(on.handle(), event as sys::CUevent, 0) };
+        check(waited.result(), "ordering after the sender's write")?;
+        return Event::record(on, ordinal);
+    }
     let handle = sys::CUipcEventHandle {
         reserved: wire.event.map(|b| b as std::ffi::c_char),
     };
@@ -169,7 +191,7 @@ fn wait_for_writer(wire: &Wire, on: Stream, ordinal: u32) -> Result<Event> {
 impl Drop for Mapping {
     fn drop(&mut self) {
         let release = Release {
-            ptr: self.ptr,
+            ptr: (!self.own).then_some(self.ptr),
             ordinal: self.ordinal,
             key: self.key,
             counters: std::mem::take(self.counters.get_mut().unwrap_or_else(|p| p.into_inner())),
@@ -179,9 +201,10 @@ impl Drop for Mapping {
     }
 }
 
-/// Frees a mapping, then lowers the exporter's counts, as it drops.
+/// Frees a mapping (none for a block of this process's own), then lowers the exporter's
+/// counts, as it drops.
 struct Release {
-    ptr: u64,
+    ptr: Option<u64>,
     ordinal: u32,
     key: BlockKey,
     counters: Vec<&'static AtomicU64>,
@@ -190,10 +213,10 @@ struct Release {
 impl Drop for Release {
     fn drop(&mut self) {
         let _restore = context::Restore::new();
-        if context::bind(self.ordinal).is_ok() {
+        if let Some(ptr) = self.ptr.filter(|_| context::bind(self.ordinal).is_ok()) {
             // SAFETY: a mapping made by `map_block`, freed once, after the device has run the
             // work queued before it was let go.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+            let _ = unsafe { sys::cuMemFree_v2(ptr) };
         }
         let mut mapped = crate::lock(&MAPPED);
         if let Some(map) = mapped.as_mut() {

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 
 const TAG: &[u8; 4] = b"CBI1";
-const LEN: usize = 4 + 4 + 8 + 4 + 4 + 16 + 8 + 64 + 64;
+const LEN: usize = 4 + 4 + 8 + 4 + 4 + 16 + 8 + 8 + 64 + 64;
 
 /// One exported block.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub struct Wire {
     pub uuid: [u8; 16],
     /// The block's size in bytes.
     pub size: u64,
+    /// The block's address in the exporting process (a receipt there uses it as it is).
+    pub base: u64,
     /// `CUmemPoolPtrExportData`.
     pub pointer: [u8; 64],
     /// The interprocess event's handle.
@@ -38,6 +40,7 @@ impl Wire {
         out.extend_from_slice(&self.slot.to_le_bytes());
         out.extend_from_slice(&self.uuid);
         out.extend_from_slice(&self.size.to_le_bytes());
+        out.extend_from_slice(&self.base.to_le_bytes());
         out.extend_from_slice(&self.pointer);
         out.extend_from_slice(&self.event);
         out
@@ -62,6 +65,7 @@ impl Wire {
         let slot = u32_of(take(4));
         let uuid = take(16).try_into().unwrap_or_default();
         let size = u64::from_le_bytes(take(8).try_into().unwrap_or_default());
+        let base = u64::from_le_bytes(take(8).try_into().unwrap_or_default());
         let pointer = take(64).try_into().unwrap_or([0; 64]);
         let event = take(64).try_into().unwrap_or([0; 64]);
         Ok(Wire {
@@ -71,6 +75,7 @@ impl Wire {
             slot,
             uuid,
             size,
+            base,
             pointer,
             event,
         })
@@ -90,6 +95,7 @@ mod tests {
             slot: 4095,
             uuid: [5; 16],
             size: 1 << 40,
+            base: 0x7f00_0000_0000,
             pointer: [9; 64],
             event: [1; 64],
         };
