@@ -6,7 +6,7 @@ array interface; ``cubridge.add``, and users' own ``ElementwiseKernel`` and ``Ra
 any of them in place.
 """
 
-from . import cuda
+from . import _pickle, cuda  # noqa: F401 - _pickle registers how arrays pickle
 from ._cubridge import (
     Array,
     CompileError,

@@ -21,6 +21,7 @@ __all__ = [
     "mem_info",
     "memory_stats",
     "record_stream",
+    "set_shareable",
     "shipped_kernels",
     "synchronize",
 ]
@@ -145,6 +146,24 @@ def record_stream(array, stream) -> None:
     >>> cubridge.cuda.record_stream(a, side)  # a's memory waits for side's work when freed
     """
     _cubridge.cuda_record_stream(array, stream)
+
+
+def set_shareable(on: bool = True) -> None:
+    """Makes the device memory that cubridge allocates from now on (``True``) shareable with
+    other processes of the node: such an array sent through a ``multiprocessing`` or
+    ``torch.multiprocessing`` queue or pipe arrives there as a zero-copy view of the same memory.
+    That memory comes from a pool of its own, which the driver never trims: what it held stays
+    reserved until the process exits (``empty_cache()`` cannot give it back). ``False`` goes back
+    to the device's pool for later allocations. Arrays allocated before are not moved.
+
+    Raises:
+        ValueError: a device's driver offers no shareable (POSIX file descriptor) pools.
+        CudaUnavailableError: this machine has no CUDA.
+
+    >>> cubridge.cuda.set_shareable(True)
+    >>> queue.put(cubridge.zeros(1024, device="cuda"))  # a view of this memory in the reader
+    """
+    _cubridge.cuda_set_shareable(on)
 
 
 def _release_other_caches():

@@ -273,6 +273,7 @@ pub fn stats(ordinal: u32) -> Result<Stats> {
 /// cubridge's deferred frees first (an explicit request, like `torch.cuda.empty_cache()`), so
 /// that everything cubridge no longer uses is in the pool to be trimmed.
 pub fn empty_cache(ordinal: u32) -> Result<()> {
+    super::ipc::reap();
     context::synchronize(ordinal)?;
     free::drain();
     super::release::flush();
@@ -351,8 +352,14 @@ impl CudaAlloc {
             return Ok(CudaAlloc::new(0, 0, kind));
         }
         let device = Device::Cuda(ordinal);
-        // While the pool's set-up runs on its thread, `cuMemAlloc` answers at once.
-        let pool = pool(ordinal)?.filter(|_| !warming(ordinal));
+        // Blocks that other processes have let go of are freed before more is taken.
+        super::ipc::reap();
+        // While the pool's set-up runs on its thread, `cuMemAlloc` answers at once. Sharing
+        // with other processes takes memory from a pool that can be exported instead.
+        let pool = match super::ipc::allocation_pool(ordinal)? {
+            Some(shareable) => Some(shareable),
+            None => pool(ordinal)?.filter(|_| !warming(ordinal)),
+        };
         let handle = stream.handle();
         let ptr = with_retries(ordinal, || match pool {
             // SAFETY: a live pool of this device; `handle` is a live stream of the current

@@ -6,6 +6,7 @@ pub mod context;
 pub mod disk_cache;
 pub mod free;
 pub mod graph;
+pub mod ipc;
 pub mod kernels;
 pub mod launch;
 pub mod link;

@@ -15,6 +15,7 @@ mod import;
 mod kernels;
 mod module;
 pub mod operands;
+mod pickle;
 mod runtime;
 mod stream;
 mod types;
@@ -54,6 +55,7 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernels::PyElementwiseKernel>()?;
     m.add_class::<kernels::PyRawKernel>()?;
     m.add_class::<module::PyRawModule>()?;
+    pickle::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Extension crates built on cubridge hand their work to this module's runtime.
     runtime::publish(m)?;
