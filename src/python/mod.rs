@@ -14,6 +14,7 @@ mod functions;
 mod import;
 mod kernels;
 pub mod operands;
+mod reduction;
 mod runtime;
 mod stream;
 mod types;
@@ -52,6 +53,13 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::PyStream>()?;
     m.add_class::<kernels::PyElementwiseKernel>()?;
     m.add_class::<kernels::PyRawKernel>()?;
+    m.add_class::<reduction::PyReductionKernel>()?;
+    m.add_function(wrap_pyfunction!(reduction::sum, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::prod, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::max, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::min, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::argmax, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::argmin, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Extension crates built on cubridge hand their work to this module's runtime.
     runtime::publish(m)?;

@@ -7,7 +7,7 @@
 //! ([`crate::ops::plan`]), load the variant's kernel, lay out its parameters and launch
 //! ([`params`]).
 
-mod check;
+pub(crate) mod check;
 pub mod params;
 pub mod source;
 pub mod spec;
@@ -371,6 +371,11 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// Per parameter (inputs, then outputs): element, value or raw.
+    pub(crate) fn roles(&self) -> &[Role] {
+        &self.roles
+    }
+
     /// The element parameters (broadcast over the loop), in order.
     fn elements(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.roles.len()).filter(|&k| self.roles[k] == Role::Element)
@@ -399,7 +404,7 @@ impl<'a> Call<'a> {
     }
 
     /// The one CUDA device of every array (the current device when no array is passed).
-    fn device(&self) -> Result<Device> {
+    pub(crate) fn device(&self) -> Result<Device> {
         let arrays = (0..self.roles.len()).filter_map(|k| Some((k, self.array(k)?)));
         let name = |k| self.param(k).name.clone();
         crate::ops::launch::kernel_device((&self.kernel.spec.name, "elementwise"), arrays, name)

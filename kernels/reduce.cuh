@@ -1,0 +1,158 @@
+// The reduction engine's kernels (users' ReductionKernels and the built-in sum, max, ...),
+// written once over an `Ops` that the host generates per signature
+// (src/ops/reduction/source.rs), after abi.cuh, user.cuh and the signature's cb_identity,
+// cb_reduce, cb_map and cb_post. The host mirrors CbRedShape and CbRedIn in
+// src/ops/reduction/params.rs: keep them in step.
+//
+// A reduction has n_out outputs of n_red elements each, split into `chunks` chunks of `chunk`
+// elements. A group of G threads (1, 32, or the block) reduces one (output, chunk) item: its
+// threads take packs of V elements in turn, each thread folding its elements in order from the
+// identity, then the group folds its threads' results in a fixed tree of warp shuffles (and
+// shared memory across warps). With one chunk the group writes the outputs; with more it writes
+// a partial result, and a second kernel folds each output's partials in order. No atomics: the
+// order of every operation depends on the shape, the dtypes and the device's size alone.
+//
+// Ops gives: R (the reduce type), V, Item and item(o) (an output's offsets), at(it, j) (the
+// mapped value of element j), Packs, load(p, it, j) and apply(s, p, j) (V elements from unit
+// strides, mapped and folded in order), and post(it, a) (the post-map into the outputs).
+
+// The loop's kept and reduced extents, innermost last, and the split.
+struct CbRedShape {
+    long long kept[CB_MAX_DIMS];
+    long long red[CB_MAX_DIMS];
+    int kept_ndim;
+    int red_ndim;
+    long long n_out;
+    long long n_red;
+    long long chunks;
+    long long chunk;
+};
+
+// An element input: its strides over the kept and over the reduced dimensions.
+template <typename T> struct CbRedIn {
+    T* p;
+    long long ks[CB_MAX_DIMS];
+    long long rs[CB_MAX_DIMS];
+};
+
+namespace cbr {
+
+// The multi-index of i over `ext` (C order).
+__device__ __forceinline__ void split(long long i, const long long* ext, int ndim, long long* idx) {
+    for (int d = ndim - 1; d > 0; --d) {
+        idx[d] = i % ext[d];
+        i /= ext[d];
+    }
+    idx[0] = i;
+}
+
+__device__ __forceinline__ long long dot(const long long* idx, const long long* s, int ndim) {
+    long long off = 0;
+    for (int d = 0; d < ndim; ++d) off += idx[d] * s[d];
+    return off;
+}
+
+// x moved down `delta` lanes, word by word, whatever its type.
+template <typename T> __device__ __forceinline__ T shfl_down(const T& x, int delta) {
+    constexpr int W = (sizeof(T) + 3) / 4;
+    int w[W];
+    memcpy(w, &x, sizeof(T));
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = __shfl_down_sync(0xffffffffu, w[k], delta);
+    T r;
+    memcpy(&r, w, sizeof(T));
+    return r;
+}
+
+// The fold of a group's G values (the result in its first thread): a fixed tree.
+template <int G, typename R>
+__device__ __forceinline__ R group_fold(R s, unsigned char* shared) {
+    if (G == 1) return s;
+#pragma unroll
+    for (int d = (G < 32 ? G : 32) / 2; d > 0; d /= 2) s = cb_reduce(s, shfl_down(s, d));
+    if (G <= 32) return s;
+    R* parts = reinterpret_cast<R*>(shared);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // the previous item's reads are done
+    if (lane == 0) parts[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = parts[lane < G / 32 ? lane : 0];
+#pragma unroll
+        for (int d = G / 64; d > 0; d /= 2) s = cb_reduce(s, shfl_down(s, d));
+    }
+    return s;
+}
+
+// Packs each thread loads before it folds them: more bytes in flight.
+#define CBR_UNROLL 4
+
+// The first kernel: each (output, chunk) item of the group's turn.
+template <typename Ops, int G, bool VEC>
+__device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
+    typedef typename Ops::R R;
+    constexpr int V = Ops::V;
+    __shared__ __align__(16) unsigned char shared[(G > 32 ? G / 32 : 1) * sizeof(R)];
+    const int lane = threadIdx.x % G;
+    const long long per_block = blockDim.x / G;
+    const long long items = g.n_out * g.chunks;
+    for (long long item = blockIdx.x * per_block + threadIdx.x / G; item < items;
+         item += gridDim.x * per_block) {
+        const long long o = item % g.n_out, c = item / g.n_out;
+        const typename Ops::Item it = ops.item(o);
+        const long long begin = c * g.chunk;
+        const long long end = begin + g.chunk < g.n_red ? begin + g.chunk : g.n_red;
+        const long long packs = end > begin ? (end - begin) / V : 0;
+        R s = cb_identity();
+        for (long long q0 = lane; q0 < packs; q0 += (long long)G * CBR_UNROLL) {
+            if (VEC) {
+                typename Ops::Packs p[CBR_UNROLL];
+#pragma unroll
+                for (int u = 0; u < CBR_UNROLL; ++u) {
+                    const long long q = q0 + (long long)u * G;
+                    if (q < packs) ops.load(p[u], it, begin + q * V);
+                }
+#pragma unroll
+                for (int u = 0; u < CBR_UNROLL; ++u) {
+                    const long long q = q0 + (long long)u * G;
+                    if (q < packs) ops.apply(s, p[u], begin + q * V);
+                }
+            } else {
+                // The same elements in the same order, one at a time (the loads do not depend
+                // on s: the compiler issues them ahead of the folds).
+#pragma unroll
+                for (int u = 0; u < CBR_UNROLL; ++u) {
+                    const long long q = q0 + (long long)u * G;
+#pragma unroll
+                    for (int e = 0; e < V; ++e)
+                        if (q < packs) s = cb_reduce(s, ops.at(it, begin + q * V + e));
+                }
+            }
+        }
+        for (long long j = begin + packs * V + lane; j < end; j += G) s = cb_reduce(s, ops.at(it, j));
+        s = group_fold<G>(s, shared);
+        if (lane == 0) {
+            if (g.chunks == 1) ops.post(it, s);
+            else static_cast<R*>(partial)[o * g.chunks + c] = s;
+        }
+    }
+}
+
+// The second kernel: each output's partials folded by a group of G threads, in order.
+template <typename Ops, int G>
+__device__ __forceinline__ void finish(const Ops& ops, const CbRedShape& g, const void* partial) {
+    typedef typename Ops::R R;
+    __shared__ __align__(16) unsigned char shared[(G > 32 ? G / 32 : 1) * sizeof(R)];
+    const R* parts = static_cast<const R*>(partial);
+    const int lane = threadIdx.x % G;
+    const long long per_block = blockDim.x / G;
+    for (long long o = blockIdx.x * per_block + threadIdx.x / G; o < g.n_out;
+         o += gridDim.x * per_block) {
+        R s = cb_identity();
+        for (long long c = lane; c < g.chunks; c += G) s = cb_reduce(s, parts[o * g.chunks + c]);
+        s = group_fold<G>(s, shared);
+        if (lane == 0) ops.post(ops.item(o), s);
+    }
+}
+
+}  // namespace cbr
