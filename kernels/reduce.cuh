@@ -98,7 +98,9 @@ __device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* 
     const long long items = g.n_out * g.chunks;
     for (long long item = blockIdx.x * per_block + threadIdx.x / G; item < items;
          item += gridDim.x * per_block) {
-        const long long o = item % g.n_out, c = item / g.n_out;
+        // One chunk (the common case) needs no 64-bit division.
+        const long long o = g.chunks == 1 ? item : item % g.n_out;
+        const long long c = g.chunks == 1 ? 0 : item / g.n_out;
         const typename Ops::Item it = ops.item(o);
         const long long begin = c * g.chunk;
         const long long end = begin + g.chunk < g.n_red ? begin + g.chunk : g.n_red;

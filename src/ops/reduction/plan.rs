@@ -163,12 +163,13 @@ pub fn strategy(
         _ => wide(n_red),
     };
     let resident = sms.max(1) * THREADS_PER_SM;
-    // Split only where the outputs alone would leave most of the device idle (a second kernel
-    // costs a launch), and then fill it; a chunk keeps every thread of its group busy for a few
-    // packs at least.
+    // Split where the outputs alone would leave most of the device idle, or half of it for
+    // work large enough that a second kernel's launch costs little beside it; then fill the
+    // device. A chunk keeps every thread of its group busy for a few packs at least.
     let busy = n_out.saturating_mul(group as usize);
+    let large = n_out.saturating_mul(n_red) >= 1 << 22;
     let least = (group as usize * width * 4).max(256);
-    let wanted = match busy < resident / 16 {
+    let wanted = match busy < resident / 16 || (large && busy < resident / 2) {
         true => (resident / group as usize).div_ceil(n_out.max(1)),
         false => 1,
     };
@@ -264,6 +265,16 @@ mod tests {
         assert_eq!((p.red, p.in_red), (vec![3, 5], vec![vec![1, 3]]));
         let p = ReductionPlan::new(&w, false, false, 4, 1).unwrap();
         assert_eq!(p.red, vec![3, 5]);
+    }
+
+    #[test]
+    fn large_columns_fill_the_device_and_small_work_takes_one_launch() {
+        // 2^15 columns of 2^15: one thread each would keep an eighth of 132 SMs busy.
+        let (group, chunks, _) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
+        assert_eq!(group, 1);
+        assert!(chunks * (1 << 15) >= 132 * THREADS_PER_SM);
+        // 1024 rows of 1024: a warp each, one launch.
+        assert_eq!(strategy(1024, 1024, (true, true), 4, 132), (32, 1, 1024));
     }
 
     #[test]

@@ -298,5 +298,49 @@ mod compile_tests {
         }
     }
 
+    /// argmax as CuPy users write it: a pair type and its fold in the preamble, `_J` as the
+    /// index, the pair as the reduce type (the interop tests' kernel).
+    #[test]
+    fn a_preamble_type_reduces() {
+        if !crate::cuda::nvrtc::test_dir("generated reductions") {
+            return;
+        }
+        let preamble = "struct vi { float v; long long i; };\n\
+            __device__ vi pick(vi a, vi b) { if (a.i < 0) return b; if (b.i < 0) return a; \
+            return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a; }";
+        let code = Code {
+            map_expr: "vi{(float)x, _J}",
+            reduce_expr: "pick(a, b)",
+            post_map_expr: "y = a.i",
+            identity: Some("vi{0, -1}"),
+            reduce_type: Some("vi"),
+        };
+        let r = ReductionSpec::new(
+            "T x",
+            "int64 y",
+            code,
+            "my_argmax",
+            preamble,
+            (true, vec![]),
+        )
+        .unwrap();
+        for d in [DType::Float16, DType::Float64] {
+            let sig = Signature {
+                dtypes: vec![d, DType::Int64],
+                roles: vec![Role::Element; 2],
+            };
+            compiles(&program(
+                &r,
+                &sig,
+                Variant {
+                    group: 256,
+                    vector: true,
+                },
+            ));
+        }
+    }
+
     use super::tests;
+    use crate::dtype::DType;
+    use crate::ops::reduction::spec::Code;
 }
