@@ -116,63 +116,30 @@ impl ReductionKernel {
         (device, stream): (Device, Stream),
     ) -> Result<Vec<Array>> {
         let nin = inputs.len();
-        let elements: Vec<&Array> = (inputs.iter().enumerate())
-            .filter(|(k, _)| bound.roles[*k] == Role::Element)
-            .filter_map(|(_, a)| match a {
-                Arg::Array(a) => Some(a),
-                Arg::Value(..) => None,
-            })
-            .collect();
-        let mut shape: Vec<usize> = Vec::new();
-        for a in &elements {
-            shape = broadcast_shapes(&shape, a.shape())?;
-        }
-        let reduced = normalize_axes(axes.axis, shape.len())?;
-        let out_shape = out_shape(&shape, &reduced, axes.keepdims);
-        self.check_outputs(bound, outputs, &out_shape, &elements)?;
-        let n_red: usize = reduced.iter().map(|&d| shape[d]).product();
+        let shapes = Shapes::of(bound, inputs, &axes)?;
+        self.check_outputs(bound, outputs, &shapes.out, &shapes.elements)?;
         let launch = Launch::begin(device, stream)?;
         let allocate = |k: usize| match &outputs[k - nin] {
             Some(o) => Ok(o.clone()),
-            None => launch.empty(&out_shape, bound.dtypes[k]),
+            None => launch.empty(&shapes.out, bound.dtypes[k]),
         };
-        if out_shape.contains(&0) {
+        if shapes.out.contains(&0) {
             return (nin..bound.roles.len()).map(allocate).collect();
         }
-        if n_red == 0 && !self.spec.empty_ok {
+        if shapes.n_red == 0 && !self.spec.empty_ok {
             return Err(Error::invalid(format!(
                 "zero-size array to reduction operation {} which has no identity",
                 self.spec.spec.name
             )));
         }
-        let wide: Vec<Array> = (elements.iter())
-            .map(|a| a.broadcast_to(&shape))
+        let wide: Vec<Array> = (shapes.elements.iter())
+            .map(|a| a.broadcast_to(&shapes.shape))
             .collect::<Result<_>>()?;
-        let contiguous = crate::layout::Layout::contiguous(&out_shape)?;
-        let kept_strides = |s: &[isize]| kept_of(s, &shape, &reduced, axes.keepdims);
-        let out_strides: Vec<Vec<isize>> = (nin..bound.roles.len())
-            .filter(|&k| bound.roles[k] == Role::Element)
-            .map(|k| match &outputs[k - nin] {
-                Some(o) => kept_strides(o.strides()),
-                None => kept_strides(contiguous.strides()),
-            })
-            .collect();
-        let walked: Vec<Operand<'_>> = wide.iter().map(Operand::of).collect();
-        let out_refs: Vec<&[isize]> = out_strides.iter().map(|s| &s[..]).collect();
-        let walk = Walk {
-            shape: &shape,
-            axes: &reduced,
-            inputs: &walked,
-            outputs: &out_refs,
-        };
+        let plan = self.plan(bound, outputs, &shapes, &wide, launch.ordinal())?;
         let sig = Signature {
             dtypes: bound.dtypes.clone(),
             roles: bound.roles.clone(),
         };
-        let width = source::width(&sig, nin);
-        let sms = crate::cuda::context::sm_count(launch.ordinal())?;
-        let indexed = self.spec.uses_index();
-        let plan = ReductionPlan::new(&walk, indexed, self.spec.reduce_dims, width, sms)?;
         let variant = Variant {
             group: plan.group,
             vector: plan.vector,
@@ -188,57 +155,63 @@ impl ReductionKernel {
         let raw_inputs = (0..nin).filter(|&k| bound.roles[k] == Role::Raw);
         let raw: Vec<&Array> = raw_inputs.filter_map(|k| arg_array(&inputs[k])).collect();
         launch.order(wide.iter().chain(raw.iter().copied()).chain(&outs))?;
-        let mut element = wide.iter();
-        let mut operands = Vec::with_capacity(bound.roles.len());
-        for (k, &role) in bound.roles.iter().enumerate() {
-            operands.push(match (role, inputs.get(k)) {
-                (Role::Value, Some(arg)) => params::Param::Value(value_bytes(arg, bound.dtypes[k])),
-                (Role::Raw, Some(arg)) => params::Param::Raw(
-                    arg_array(arg).ok_or_else(|| Error::invalid("internal: a raw value"))?,
-                ),
-                (Role::Element, Some(_)) => params::Param::Element(
-                    element
-                        .next()
-                        .ok_or_else(|| Error::invalid("internal: an element input"))?,
-                ),
-                (Role::Raw, None) => params::Param::Raw(&outs[k - nin]),
-                (_, None) => params::Param::Element(&outs[k - nin]),
-            });
-        }
-        let p = partial
-            .as_ref()
-            .map_or(std::ptr::null_mut(), |p| p.data_ptr());
-        let list = || params::list(&plan, operands.iter().map(params::Param::copy), nin, p);
-        let ordinal = launch.ordinal();
-        let items = plan.n_out * plan.chunks;
-        let blocks = |items: usize, group: u32| {
-            let wanted = (items * group as usize).div_ceil(plan::BLOCK as usize);
-            crate::cuda::kernels::grid(ordinal, wanted, plan::BLOCK)
-        };
-        // SAFETY: the program's kernels take the parameters `params::list` lays out for this
-        // signature (kernels/reduce.cuh and source.rs); every element input spans the input
-        // shape within its validated layout (broadcast views are only read), every element
-        // output the plan's kept dimensions (checked: its shape, writable, not overlapping
-        // itself or an input), and the vector kernel is chosen only where every element
-        // input's rows start on a pack. The partials hold chunks * n_out results of at most
-        // PARTIAL_BYTES each. Raw arrays are indexed by the user's code within their sizes
-        // (this function's contract). Launch::order made the context current; the module was
-        // loaded there; Launch::finish keeps every array valid until the kernels have run.
+        let operands = operands(bound, inputs, &wide, &outs)?;
+        // SAFETY: `functions` are the kernels of this plan's variant for this signature, loaded
+        // on the launch's device, whose context Launch::order made current; every element
+        // input spans the input shape within its validated layout (broadcast views are only
+        // read), every element output the plan's kept dimensions (checked: its shape, writable,
+        // not overlapping itself or an input); raw arrays are indexed by the user's code within
+        // their sizes (this function's contract); Launch::finish keeps every array valid until
+        // the kernels have run.
         unsafe {
-            let stream = launch.stream().handle();
-            let block = (plan::BLOCK, 1, 1);
-            let pass = functions[0] as crate::cuda::sys::CUfunction;
-            let grid = (blocks(items, plan.group)?, 1, 1);
-            crate::cuda::launch::launch(pass, grid, block, 0, stream, list()?.pointers())?;
-            if partial.is_some() {
-                let fold = functions[1] as crate::cuda::sys::CUfunction;
-                let grid = (blocks(plan.n_out, plan::FINAL_GROUP)?, 1, 1);
-                crate::cuda::launch::launch(fold, grid, block, 0, stream, list()?.pointers())?;
-            }
-        }
+            launch_plan(
+                &launch,
+                &plan,
+                functions,
+                (&operands, nin),
+                partial.as_ref(),
+            )?
+        };
         let read = wide.iter().chain(partial.iter());
         launch.finish(read, outs.iter().chain(raw))?;
         Ok(outs)
+    }
+
+    /// The plan of a call: `wide`, the element inputs broadcast to the input shape, and the
+    /// element outputs (passed, or new and contiguous) over the kept axes, on device `ordinal`.
+    fn plan(
+        &self,
+        bound: &Bound,
+        outputs: &[Option<Array>],
+        shapes: &Shapes<'_>,
+        wide: &[Array],
+        ordinal: u32,
+    ) -> Result<ReductionPlan> {
+        let nin = bound.roles.len() - outputs.len();
+        let contiguous = crate::layout::Layout::contiguous(&shapes.out)?;
+        let kept = |s: &[isize]| kept_of(s, &shapes.shape, &shapes.reduced, shapes.keepdims);
+        let out_strides: Vec<Vec<isize>> = (nin..bound.roles.len())
+            .filter(|&k| bound.roles[k] == Role::Element)
+            .map(|k| match &outputs[k - nin] {
+                Some(o) => kept(o.strides()),
+                None => kept(contiguous.strides()),
+            })
+            .collect();
+        let walked: Vec<Operand<'_>> = wide.iter().map(Operand::of).collect();
+        let out_refs: Vec<&[isize]> = out_strides.iter().map(|s| &s[..]).collect();
+        let walk = Walk {
+            shape: &shapes.shape,
+            axes: &shapes.reduced,
+            inputs: &walked,
+            outputs: &out_refs,
+        };
+        let width = crate::ops::elementwise::source::vector_width(
+            &bound.dtypes[..nin],
+            &bound.roles[..nin],
+        );
+        let sms = crate::cuda::context::sm_count(ordinal)?;
+        let (indexed, merge) = (self.spec.uses_index(), self.spec.reduce_dims);
+        ReductionPlan::new(&walk, indexed, merge, width, sms)
     }
 
     /// Checks the outputs passed: element outputs of the result's shape and dtype, writable,
@@ -297,6 +270,114 @@ impl ReductionKernel {
         crate::lock(&self.loaded).insert(key, f);
         Ok(f)
     }
+}
+
+/// A call's shapes: the element inputs, their broadcast shape, the reduced axes and the
+/// result's shape.
+struct Shapes<'a> {
+    elements: Vec<&'a Array>,
+    shape: Vec<usize>,
+    reduced: Vec<usize>,
+    out: Vec<usize>,
+    keepdims: bool,
+    n_red: usize,
+}
+
+impl<'a> Shapes<'a> {
+    fn of(bound: &Bound, inputs: &'a [Arg], axes: &Axes<'_>) -> Result<Shapes<'a>> {
+        let elements: Vec<&Array> = (inputs.iter().enumerate())
+            .filter(|(k, _)| bound.roles[*k] == Role::Element)
+            .filter_map(|(_, a)| arg_array(a))
+            .collect();
+        let mut shape: Vec<usize> = Vec::new();
+        for a in &elements {
+            shape = broadcast_shapes(&shape, a.shape())?;
+        }
+        let reduced = normalize_axes(axes.axis, shape.len())?;
+        Ok(Shapes {
+            out: out_shape(&shape, &reduced, axes.keepdims),
+            n_red: reduced.iter().map(|&d| shape[d]).product(),
+            keepdims: axes.keepdims,
+            elements,
+            shape,
+            reduced,
+        })
+    }
+}
+
+/// The kernels' operands in parameter order: inputs (element ones broadcast, as `wide` holds
+/// them), then the outputs `outs`.
+fn operands<'a>(
+    bound: &Bound,
+    inputs: &'a [Arg],
+    wide: &'a [Array],
+    outs: &'a [Array],
+) -> Result<Vec<params::Param<'a>>> {
+    let nin = inputs.len();
+    let mut element = wide.iter();
+    let internal = |what: &str| Error::invalid(format!("internal: {what}"));
+    let mut operands = Vec::with_capacity(bound.roles.len());
+    for (k, &role) in bound.roles.iter().enumerate() {
+        operands.push(match (role, inputs.get(k)) {
+            (Role::Value, Some(arg)) => params::Param::Value(value_bytes(arg, bound.dtypes[k])),
+            (Role::Raw, Some(arg)) => {
+                params::Param::Raw(arg_array(arg).ok_or_else(|| internal("a raw value"))?)
+            }
+            (_, Some(_)) => {
+                params::Param::Element(element.next().ok_or_else(|| internal("an input"))?)
+            }
+            (Role::Raw, None) => params::Param::Raw(&outs[k - nin]),
+            (_, None) => params::Param::Element(&outs[k - nin]),
+        });
+    }
+    Ok(operands)
+}
+
+/// Launches the pass kernel of `plan` (`functions[0]`) over `operands` (the first `nin`
+/// inputs), and where the plan
+/// splits outputs into chunks, the fold of their partial results (`functions[1]`), on
+/// `launch`'s stream.
+///
+/// # Safety
+/// 1. `functions` are the pass and fold kernels of `plan`'s variant for the operands'
+///    signature (source.rs, kernels/reduce.cuh), loaded in the launch's device's context,
+///    which is current.
+/// 2. The operands are those the plan was made for, valid on that device until the kernels
+///    have run, element outputs writable and overlapping nothing else.
+/// 3. `partial` holds `plan.chunks * plan.n_out` results of [`PARTIAL_BYTES`] where the plan
+///    has more than one chunk.
+unsafe fn launch_plan(
+    launch: &Launch,
+    plan: &ReductionPlan,
+    functions: [usize; 2],
+    (operands, nin): (&[params::Param<'_>], usize),
+    partial: Option<&Array>,
+) -> Result<()> {
+    if plan.chunks > 1 && partial.is_none() {
+        return Err(Error::invalid(
+            "internal: chunks without their partial results",
+        ));
+    }
+    let p = partial.map_or(std::ptr::null_mut(), |p| p.data_ptr());
+    let list = || params::list(plan, operands.iter().map(params::Param::copy), nin, p);
+    let ordinal = launch.ordinal();
+    let blocks = |items: usize, group: u32| {
+        let wanted = (items * group as usize).div_ceil(plan::BLOCK as usize);
+        crate::cuda::kernels::grid(ordinal, wanted, plan::BLOCK)
+    };
+    let (stream, block) = (launch.stream().handle(), (plan::BLOCK, 1, 1));
+    let grid = (blocks(plan.n_out * plan.chunks, plan.group)?, 1, 1);
+    let pass = functions[0] as crate::cuda::sys::CUfunction;
+    // SAFETY: this function's contract; the parameters are those the kernels declare
+    // (params::list), alive for the call.
+    unsafe { crate::cuda::launch::launch(pass, grid, block, 0, stream, list()?.pointers())? };
+    if plan.chunks > 1 {
+        let fold = functions[1] as crate::cuda::sys::CUfunction;
+        let grid = (blocks(plan.n_out, plan::FINAL_GROUP)?, 1, 1);
+        // SAFETY: as above; the pass's partial results come first on the same stream.
+        unsafe { crate::cuda::launch::launch(fold, grid, block, 0, stream, list()?.pointers())? };
+    }
+    Ok(())
 }
 
 /// The array of an argument, if it is one.

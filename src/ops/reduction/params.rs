@@ -142,4 +142,59 @@ mod tests {
         let core = include_str!("../../../kernels/reduce.cuh");
         assert!(core.contains("int kept_ndim;\n    int red_ndim;\n    long long n_out;"));
     }
+
+    /// Reads parameter `k` of a list as a `T`.
+    fn read<T: Copy>(pointers: &[*mut std::ffi::c_void], k: usize) -> T {
+        // SAFETY: the tests read each parameter as the type that was pushed for it.
+        unsafe { *(pointers[k] as *const T) }
+    }
+
+    #[test]
+    fn a_list_follows_the_declared_parameters() {
+        use super::super::plan::Walk;
+        use super::super::source::{program, tests::weighted, Variant};
+        use crate::ops::plan::Operand;
+        use crate::{DType, Device};
+        let (r, sig) = weighted();
+        let host = |shape: &[usize], d| Array::zeros(shape, d, Device::Cpu).unwrap();
+        let x = host(&[4, 6], DType::BFloat16);
+        let w = host(&[6], DType::BFloat16);
+        let (y, z) = (host(&[4], DType::BFloat16), host(&[4], DType::Int32));
+        let inputs = [Operand::of(&x)];
+        let walk = Walk {
+            shape: &[4, 6],
+            axes: &[1],
+            inputs: &inputs,
+            outputs: &[&[1], &[1]],
+        };
+        let plan = ReductionPlan::new(&walk, true, true, 8, 1).unwrap();
+        let value = ElementBytes::new(DType::Float32, crate::cpu::element::Scalar::Float(2.0));
+        let operands = [
+            Param::Element(&x),
+            Param::Raw(&w),
+            Param::Value(value),
+            Param::Element(&y),
+            Param::Element(&z),
+        ];
+        let mut p = list(&plan, operands.into_iter(), 3, std::ptr::null_mut()).unwrap();
+        let q = p.pointers();
+        let variant = Variant {
+            group: plan.group,
+            vector: plan.vector,
+        };
+        let source = program(&r, &sig, variant).source;
+        let head = format!("{}(", program(&r, &sig, variant).functions[0]);
+        let (_, after) = source.split_once(&head).unwrap();
+        let (declared, _) = after.split_once(')').unwrap();
+        assert_eq!(declared.split(", ").count(), q.len());
+        let x_in = read::<RedIn>(q, 0);
+        assert_eq!((x_in.p, x_in.ks[0], x_in.rs[0]), (x.data_ptr(), 6, 1));
+        assert_eq!(read::<f32>(q, 2), 2.0);
+        let y_out = read::<Strided>(q, 3);
+        assert_eq!((y_out.p, y_out.s[0]), (y.data_ptr(), 1));
+        let shape = read::<RedShape>(q, 5);
+        assert_eq!((shape.n_out, shape.n_red, shape.chunks), (4, 6, 1));
+        assert_eq!((shape.kept_ndim, shape.red_ndim), (1, 1));
+        assert!(read::<*mut u8>(q, 6).is_null());
+    }
 }

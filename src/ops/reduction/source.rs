@@ -199,7 +199,7 @@ pub fn program(r: &ReductionSpec, sig: &Signature, variant: Variant) -> Program 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::dtype::DType;
     use crate::ops::reduction::spec::Code;
