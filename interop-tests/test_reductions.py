@@ -378,3 +378,58 @@ def test_runs_on_the_current_torch_stream_after_its_writes():
         r = torch.from_dlpack(s)
     side.synchronize()
     assert r.item() == 2.0 * (1 << 16)
+
+
+_SHIPPED_CHILD = r"""
+import json, torch, cubridge as cb
+failed = []
+for name in ["float32", "float16", "bfloat16", "int32", "int64"]:
+    dtype = getattr(torch, name)
+    x = (torch.randn(1 << 20, device="cuda") * 8).to(dtype)
+    cases = {"all": (x, None), "rows": (x.view(1024, 1024), -1), "columns": (x.view(1024, 1024), 0),
+             "tiny rows": (x.view(-1, 4), -1)}
+    for op in ["sum", "max", "min"]:
+        for case, (v, axis) in cases.items():
+            got = torch.from_dlpack(getattr(cb, op)(v, axis=axis)).double()
+            dim = tuple(range(v.ndim)) if axis is None else axis
+            if op == "sum":
+                want = v.double().sum(dim=dim)
+            else:
+                want = getattr(torch, "amax" if op == "max" else "amin")(v, dim=dim).double()
+            if not torch.allclose(got, want, rtol=1e-2, atol=1e-2 * v.numel() ** 0.5):
+                failed.append([op, name, case])
+print(json.dumps(failed))
+"""
+
+
+@pytest.mark.cuda
+@cuda
+def test_shipped_reductions_run_without_nvrtc(tmp_path):
+    """A wheel built by `make wheel` ships sum, max and min of float32, float16, bfloat16, int32
+    and int64 over whole arrays, rows and columns: in a new process with an empty kernel cache
+    and run-time compilation off, each runs and equals torch's result, and nothing is cached."""
+    import os
+    import subprocess
+    import sys
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = major * 10 + minor
+    shipped = {a for _, a in cb.cuda.shipped_kernels() if a // 10 == major and a <= arch}
+    if not shipped:
+        pytest.skip(f"this build ships no kernels for sm_{arch} (a source build; see make wheel)")
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path), CUBRIDGE_NVRTC="0")
+    done = subprocess.run(
+        [sys.executable, "-c", _SHIPPED_CHILD], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.cuda
+@cuda
+def test_reduce_dims_off_gives_the_same_results():
+    k = cb.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "unmerged", reduce_dims=False)
+    x = sample((6, 7, 8), "float64", 12)
+    for axis in (None, 1, (0, 2)):
+        np.testing.assert_allclose(_host(k(_t(x), axis=axis)), x.sum(axis=axis), rtol=1e-13)

@@ -37,19 +37,21 @@ template <typename T> struct CbRedIn {
 
 namespace cbr {
 
-// The multi-index of i over `ext` (C order).
-__device__ __forceinline__ void split(long long i, const long long* ext, int ndim, long long* idx) {
+// The offset of element i of a walk over `ext` (C order) with strides `s`: one multiplication
+// for one dimension; the divisions of several are a function of their own, not inlined (copied
+// into every unrolled load, they would take most of a program's compile time).
+__device__ __noinline__ long long offset_nd(long long i, const long long* ext, const long long* s,
+                                            int ndim) {
+    long long off = 0;
     for (int d = ndim - 1; d > 0; --d) {
-        idx[d] = i % ext[d];
+        off += (i % ext[d]) * s[d];
         i /= ext[d];
     }
-    idx[0] = i;
+    return off + i * s[0];
 }
-
-__device__ __forceinline__ long long dot(const long long* idx, const long long* s, int ndim) {
-    long long off = 0;
-    for (int d = 0; d < ndim; ++d) off += idx[d] * s[d];
-    return off;
+__device__ __forceinline__ long long offset(long long i, const long long* ext, const long long* s,
+                                            int ndim) {
+    return ndim == 1 ? i * s[0] : offset_nd(i, ext, s, ndim);
 }
 
 // x moved down `delta` lanes, word by word, whatever its type.
@@ -107,7 +109,7 @@ __device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* 
         const long long packs = end > begin ? (end - begin) / V : 0;
         R s = cb_identity();
         for (long long q0 = lane; q0 < packs; q0 += (long long)G * CBR_UNROLL) {
-            if (VEC) {
+            if constexpr (VEC) {
                 typename Ops::Packs p[CBR_UNROLL];
 #pragma unroll
                 for (int u = 0; u < CBR_UNROLL; ++u) {

@@ -228,9 +228,11 @@ impl ReductionKernel {
         let nin = spec.inputs.len();
         for (j, (out, p)) in outputs.iter().zip(&spec.outputs).enumerate() {
             let k = nin + j;
+            // A user's outputs are named in errors; a built-in's one output is `out`.
+            let users = spec.rule == crate::ops::elementwise::spec::Rule::Exact;
             let named = |e: Error| match e {
-                Error::Invalid(m) => Error::Invalid(format!("{}: {m}", p.name)),
-                Error::ReadOnly(m) => Error::ReadOnly(format!("{}: {m}", p.name)),
+                Error::Invalid(m) if users => Error::Invalid(format!("{}: {m}", p.name)),
+                Error::ReadOnly(m) if users => Error::ReadOnly(format!("{}: {m}", p.name)),
                 other => other,
             };
             match (out, bound.roles[k]) {

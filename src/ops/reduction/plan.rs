@@ -173,6 +173,12 @@ pub fn strategy(
         true => (resident / group as usize).div_ceil(n_out.max(1)),
         false => 1,
     };
+    // Small work (a few blocks' worth) takes one launch whatever it leaves idle.
+    let wanted = if n_out.saturating_mul(n_red) < 1 << 16 {
+        1
+    } else {
+        wanted
+    };
     let chunks = wanted.min(n_red / least).clamp(1, MAX_CHUNKS);
     let chunk = n_red.div_ceil(chunks).next_multiple_of(width).max(width);
     (group, n_red.div_ceil(chunk).max(1), chunk)
@@ -273,8 +279,9 @@ mod tests {
         let (group, chunks, _) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
         assert_eq!(group, 1);
         assert!(chunks * (1 << 15) >= 132 * THREADS_PER_SM);
-        // 1024 rows of 1024: a warp each, one launch.
+        // 1024 rows of 1024: a warp each, one launch; so for a small array summed whole.
         assert_eq!(strategy(1024, 1024, (true, true), 4, 132), (32, 1, 1024));
+        assert_eq!(strategy(1, 1024, (true, true), 4, 132), (32, 1, 1024));
     }
 
     #[test]

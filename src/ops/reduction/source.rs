@@ -89,7 +89,7 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
             let _ = write!(offsets, "long long o{k}; ");
             let _ = write!(
                 items,
-                "it.o{k} = cbr::dot(idx, p{k}.{strides}, g.kept_ndim); "
+                "it.o{k} = cbr::offset(o, g.kept, p{k}.{strides}, g.kept_ndim); "
             );
         }
         if element(k) && k < nin {
@@ -111,7 +111,7 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
     let map_args = |element: &dyn Fn(usize) -> String| -> String {
         (0..nin).map(|k| input(k, element)).collect::<String>() + &raw_outputs
     };
-    let at = map_args(&|k| format!("p{k}.p[it.o{k} + cbr::dot(idx, p{k}.rs, g.red_ndim)]"));
+    let at = map_args(&|k| format!("p{k}.p[it.o{k} + cbr::offset(j, g.red, p{k}.rs, g.red_ndim)]"));
     let lane = map_args(&|k| format!("p.v{k}.v[e]"));
     let post: String = (nin..n)
         .map(|k| match sig.roles[k] {
@@ -128,12 +128,9 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
         "struct CbRedOps {{\ntypedef _type_reduce R;\nstatic constexpr int V = {width};\n\
          {members}CbRedShape g;\nstruct Item {{ {offsets}}};\n\
          __device__ __forceinline__ Item item(long long o) const {{\n\
-         Item it; long long idx[CB_MAX_DIMS]; cbr::split(o, g.kept, g.kept_ndim, idx); \
-         (void)idx; {items}return it;\n}}\n\
+         Item it; (void)o; {items}return it;\n}}\n\
          __device__ __forceinline__ R at(const Item& it, long long j) const {{\n\
-         long long idx[CB_MAX_DIMS]; (void)it;\n\
-         if (g.red_ndim == 1) idx[0] = j; else cbr::split(j, g.red, g.red_ndim, idx);\n\
-         return cb_map(j{at});\n}}\n\
+         (void)it; return cb_map(j{at});\n}}\n\
          struct Packs {{ {packs}}};\n\
          __device__ __forceinline__ void load(Packs& p, const Item& it, long long j) const \
          {{ (void)p; (void)it; (void)j; {loads}}}\n\
@@ -263,9 +260,9 @@ pub(crate) mod tests {
         assert!(s.contains(
             "cb_post(const _type_reduce a, __nv_bfloat16& y, int& z, CbRaw<__nv_bfloat16> w)"
         ));
-        assert!(
-            s.contains("return cb_map(j, p0.p[it.o0 + cbr::dot(idx, p0.rs, g.red_ndim)], p1, p2);")
-        );
+        assert!(s.contains(
+            "return cb_map(j, p0.p[it.o0 + cbr::offset(j, g.red, p0.rs, g.red_ndim)], p1, p2);"
+        ));
         assert!(s.contains("cb_post(a, p3.p[it.o3], p4.p[it.o4], p1);"));
         assert!(s.contains("static constexpr int V = 8;"));
         assert!(s.contains("cbr::pass<CbRedOps, 32, true>(CbRedOps{p0, p1, p2, p3, p4, g}"));
