@@ -12,9 +12,10 @@
 // a partial result, and a second kernel folds each output's partials in order. No atomics: the
 // order of every operation depends on the shape, the dtypes and the device's size alone.
 //
-// Ops gives: R (the reduce type), V, Item and item(o) (an output's offsets), at(it, j) (the
-// mapped value of element j), Packs, load(p, it, j) and apply(s, p, j) (V elements from unit
-// strides, mapped and folded in order), and post(it, a) (the post-map into the outputs).
+// Ops gives: R (the reduce type), V, Item and item(o) (an output's offsets), at<ONE>(it, j) (the
+// mapped value of element j; ONE: of one reduced dimension), Packs, load(p, it, j) and
+// apply(s, p, j) (V elements from unit strides, mapped and folded in order), and post(it, a)
+// (the post-map into the outputs).
 
 // The loop's kept and reduced extents, innermost last, and the split.
 struct CbRedShape {
@@ -37,12 +38,13 @@ template <typename T> struct CbRedIn {
 
 namespace cbr {
 
-// The offset of element i of a walk over `ext` (C order) with strides `s`: one multiplication
-// for one dimension; the divisions of several are a function of their own, not inlined (copied
-// into every unrolled load, they would take most of a program's compile time).
-__device__ __noinline__ long long offset_nd(long long i, const long long* ext, const long long* s,
-                                            int ndim) {
+// The offset of element i of a walk over `ext` (C order) with strides `s`. The loop is kept
+// rolled: its 64-bit divisions, unrolled or copied into every unrolled load, would take most of
+// a program's compile time. Walks of one dimension (nearly all, once merged) never come here.
+__device__ __forceinline__ long long offset_nd(long long i, const long long* ext,
+                                               const long long* s, int ndim) {
     long long off = 0;
+#pragma unroll 1
     for (int d = ndim - 1; d > 0; --d) {
         off += (i % ext[d]) * s[d];
         i /= ext[d];
@@ -86,54 +88,71 @@ __device__ __forceinline__ R group_fold(R s, unsigned char* shared) {
     return s;
 }
 
-// Packs each thread loads before it folds them: more bytes in flight.
+// Packs each thread loads before it folds them (one reduced dimension): more bytes in flight.
 #define CBR_UNROLL 4
 
-// The first kernel: each (output, chunk) item of the group's turn.
+// Folds elements [begin, end) of an output into s: the group's threads take packs of V in turn
+// (thread `lane` packs lane, lane + G, ...), each folding its elements in order, then the tail
+// one element at a time. VEC: packs loaded whole (unit strides, aligned); ONE: one reduced
+// dimension, whose offsets are multiplications, the loads unrolled; neither changes the order.
+template <typename Ops, int G, bool VEC, bool ONE>
+__device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename Ops::Item& it,
+                                                long long begin, long long end, int lane,
+                                                typename Ops::R s) {
+    constexpr int V = Ops::V;
+    constexpr int U = ONE ? CBR_UNROLL : 1;
+    const long long packs = end > begin ? (end - begin) / V : 0;
+    for (long long q0 = lane; q0 < packs; q0 += (long long)G * U) {
+        if constexpr (VEC) {
+            typename Ops::Packs p[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long q = q0 + (long long)u * G;
+                if (q < packs) ops.load(p[u], it, begin + q * V);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long q = q0 + (long long)u * G;
+                if (q < packs) ops.apply(s, p[u], begin + q * V);
+            }
+        } else if constexpr (ONE) {
+            // The loads do not depend on s: the compiler issues them ahead of the folds.
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long q = q0 + (long long)u * G;
+#pragma unroll
+                for (int e = 0; e < V; ++e)
+                    if (q < packs) s = cb_reduce(s, ops.template at<true>(it, begin + q * V + e));
+            }
+        } else {
+#pragma unroll 1
+            for (int e = 0; e < V; ++e)
+                s = cb_reduce(s, ops.template at<false>(it, begin + q0 * V + e));
+        }
+    }
+#pragma unroll 1
+    for (long long j = begin + packs * V + lane; j < end; j += G)
+        s = cb_reduce(s, ops.template at<ONE>(it, j));
+    return s;
+}
+
+// The first kernel: each output of the group's turn, in the chunk of the block's row.
 template <typename Ops, int G, bool VEC>
 __device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
     typedef typename Ops::R R;
-    constexpr int V = Ops::V;
     __shared__ __align__(16) unsigned char shared[(G > 32 ? G / 32 : 1) * sizeof(R)];
     const int lane = threadIdx.x % G;
     const long long per_block = blockDim.x / G;
-    const long long items = g.n_out * g.chunks;
-    for (long long item = blockIdx.x * per_block + threadIdx.x / G; item < items;
-         item += gridDim.x * per_block) {
-        // One chunk (the common case) needs no 64-bit division.
-        const long long o = g.chunks == 1 ? item : item % g.n_out;
-        const long long c = g.chunks == 1 ? 0 : item / g.n_out;
+    const long long c = blockIdx.y;  // the chunk: one row of blocks each
+    for (long long o = blockIdx.x * per_block + threadIdx.x / G; o < g.n_out;
+         o += gridDim.x * per_block) {
         const typename Ops::Item it = ops.item(o);
         const long long begin = c * g.chunk;
         const long long end = begin + g.chunk < g.n_red ? begin + g.chunk : g.n_red;
-        const long long packs = end > begin ? (end - begin) / V : 0;
         R s = cb_identity();
-        for (long long q0 = lane; q0 < packs; q0 += (long long)G * CBR_UNROLL) {
-            if constexpr (VEC) {
-                typename Ops::Packs p[CBR_UNROLL];
-#pragma unroll
-                for (int u = 0; u < CBR_UNROLL; ++u) {
-                    const long long q = q0 + (long long)u * G;
-                    if (q < packs) ops.load(p[u], it, begin + q * V);
-                }
-#pragma unroll
-                for (int u = 0; u < CBR_UNROLL; ++u) {
-                    const long long q = q0 + (long long)u * G;
-                    if (q < packs) ops.apply(s, p[u], begin + q * V);
-                }
-            } else {
-                // The same elements in the same order, one at a time (the loads do not depend
-                // on s: the compiler issues them ahead of the folds).
-#pragma unroll
-                for (int u = 0; u < CBR_UNROLL; ++u) {
-                    const long long q = q0 + (long long)u * G;
-#pragma unroll
-                    for (int e = 0; e < V; ++e)
-                        if (q < packs) s = cb_reduce(s, ops.at(it, begin + q * V + e));
-                }
-            }
-        }
-        for (long long j = begin + packs * V + lane; j < end; j += G) s = cb_reduce(s, ops.at(it, j));
+        if constexpr (VEC) s = fold<Ops, G, true, true>(ops, it, begin, end, lane, s);
+        else if (g.red_ndim == 1) s = fold<Ops, G, false, true>(ops, it, begin, end, lane, s);
+        else s = fold<Ops, G, false, false>(ops, it, begin, end, lane, s);
         s = group_fold<G>(s, shared);
         if (lane == 0) {
             if (g.chunks == 1) ops.post(it, s);

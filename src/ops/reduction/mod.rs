@@ -363,19 +363,23 @@ unsafe fn launch_plan(
     let p = partial.map_or(std::ptr::null_mut(), |p| p.data_ptr());
     let list = || params::list(plan, operands.iter().map(params::Param::copy), nin, p);
     let ordinal = launch.ordinal();
-    let blocks = |items: usize, group: u32| {
+    // Blocks of outputs, a row of them per chunk, at most what the device holds at once in
+    // all (the kernels loop over the outputs).
+    let blocks = |items: usize, group: u32, rows: usize| {
         let wanted = (items * group as usize).div_ceil(plan::BLOCK as usize);
-        crate::cuda::kernels::grid(ordinal, wanted, plan::BLOCK)
+        let resident = crate::cuda::kernels::grid(ordinal, usize::MAX, plan::BLOCK)? as usize;
+        Ok::<u32, Error>(wanted.clamp(1, resident.div_ceil(rows).max(1)) as u32)
     };
     let (stream, block) = (launch.stream().handle(), (plan::BLOCK, 1, 1));
-    let grid = (blocks(plan.n_out * plan.chunks, plan.group)?, 1, 1);
+    let rows = u32::try_from(plan.chunks).map_err(|_| Error::invalid("internal: chunks"))?;
+    let grid = (blocks(plan.n_out, plan.group, plan.chunks)?, rows, 1);
     let pass = functions[0] as crate::cuda::sys::CUfunction;
     // SAFETY: this function's contract; the parameters are those the kernels declare
     // (params::list), alive for the call.
     unsafe { crate::cuda::launch::launch(pass, grid, block, 0, stream, list()?.pointers())? };
     if plan.chunks > 1 {
         let fold = functions[1] as crate::cuda::sys::CUfunction;
-        let grid = (blocks(plan.n_out, plan::FINAL_GROUP)?, 1, 1);
+        let grid = (blocks(plan.n_out, plan::FINAL_GROUP, 1)?, 1, 1);
         // SAFETY: as above; the pass's partial results come first on the same stream.
         unsafe { crate::cuda::launch::launch(fold, grid, block, 0, stream, list()?.pointers())? };
     }

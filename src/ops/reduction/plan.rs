@@ -22,7 +22,7 @@ use crate::ops::plan::Operand;
 pub const BLOCK: u32 = 256;
 /// Threads that reduce one output's chunks in the second kernel.
 pub const FINAL_GROUP: u32 = 32;
-/// The most chunks an output's elements are split into.
+/// The most chunks an output's elements are split into (rows of blocks: at most 65535).
 const MAX_CHUNKS: usize = 4096;
 /// Resident threads per SM that the split aims to fill.
 const THREADS_PER_SM: usize = 2048;

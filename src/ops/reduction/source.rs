@@ -111,7 +111,9 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
     let map_args = |element: &dyn Fn(usize) -> String| -> String {
         (0..nin).map(|k| input(k, element)).collect::<String>() + &raw_outputs
     };
-    let at = map_args(&|k| format!("p{k}.p[it.o{k} + cbr::offset(j, g.red, p{k}.rs, g.red_ndim)]"));
+    let at_one = map_args(&|k| format!("p{k}.p[it.o{k} + j * p{k}.rs[0]]"));
+    let at =
+        map_args(&|k| format!("p{k}.p[it.o{k} + cbr::offset_nd(j, g.red, p{k}.rs, g.red_ndim)]"));
     let lane = map_args(&|k| format!("p.v{k}.v[e]"));
     let post: String = (nin..n)
         .map(|k| match sig.roles[k] {
@@ -129,8 +131,8 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
          {members}CbRedShape g;\nstruct Item {{ {offsets}}};\n\
          __device__ __forceinline__ Item item(long long o) const {{\n\
          Item it; (void)o; {items}return it;\n}}\n\
-         __device__ __forceinline__ R at(const Item& it, long long j) const {{\n\
-         (void)it; return cb_map(j{at});\n}}\n\
+         template <bool ONE> __device__ __forceinline__ R at(const Item& it, long long j) const {{\n\
+         (void)it;\nif constexpr (ONE) return cb_map(j{at_one});\nelse return cb_map(j{at});\n}}\n\
          struct Packs {{ {packs}}};\n\
          __device__ __forceinline__ void load(Packs& p, const Item& it, long long j) const \
          {{ (void)p; (void)it; (void)j; {loads}}}\n\
@@ -260,8 +262,9 @@ pub(crate) mod tests {
         assert!(s.contains(
             "cb_post(const _type_reduce a, __nv_bfloat16& y, int& z, CbRaw<__nv_bfloat16> w)"
         ));
+        assert!(s.contains("return cb_map(j, p0.p[it.o0 + j * p0.rs[0]], p1, p2);"));
         assert!(s.contains(
-            "return cb_map(j, p0.p[it.o0 + cbr::offset(j, g.red, p0.rs, g.red_ndim)], p1, p2);"
+            "return cb_map(j, p0.p[it.o0 + cbr::offset_nd(j, g.red, p0.rs, g.red_ndim)], p1, p2);"
         ));
         assert!(s.contains("cb_post(a, p3.p[it.o3], p4.p[it.o4], p1);"));
         assert!(s.contains("static constexpr int V = 8;"));
