@@ -130,9 +130,18 @@ __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename O
                 s = cb_reduce(s, ops.template at<false>(it, begin + q0 * V + e));
         }
     }
+    // The tail: fewer than V elements, lane + k * G for each thread; unrolled where offsets are
+    // multiplications (rows of 2 elements have nothing but a tail).
+    const long long tail = begin + packs * V + lane;
+    if constexpr (ONE) {
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+            if (tail + (long long)k * G < end)
+                s = cb_reduce(s, ops.template at<true>(it, tail + (long long)k * G));
+    } else {
 #pragma unroll 1
-    for (long long j = begin + packs * V + lane; j < end; j += G)
-        s = cb_reduce(s, ops.template at<ONE>(it, j));
+        for (long long j = tail; j < end; j += G) s = cb_reduce(s, ops.template at<false>(it, j));
+    }
     return s;
 }
 
