@@ -7,7 +7,7 @@ import cubridge as cb
 import numpy as np
 import pytest
 from conftest import NUMPY_DTYPES, _try_import, sample, torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 cupy = _try_import("cupy")
@@ -320,6 +320,41 @@ def test_cuda_builtins_match_numpy(op, dtype, case):
         x = (1 + x / 1000).astype(dtype)  # products that neither vanish nor overflow
     got = getattr(cb, op)(_t(x), axis=axis, keepdims=True)
     check(op, got, reference(op, x, axis, True), x, axis)
+
+
+@pytest.mark.cuda
+@cuda
+@settings(max_examples=max(20, settings.default.max_examples // 4))
+@given(
+    data=st.data(),
+    shape=st.lists(st.integers(0, 40), min_size=1, max_size=3).map(tuple),
+    dtype=st.sampled_from([d for d in NUMPY_DTYPES if not d.startswith("uint")]),
+    op=st.sampled_from(OPS),
+    keepdims=st.booleans(),
+)
+def test_cuda_reductions_match_numpy_over_any_axes_and_views(data, shape, dtype, op, keepdims):
+    x = sample(shape, dtype, 13)
+    t = _t(x)
+    view = data.draw(st.sampled_from(["whole", "transposed", "every other"]))
+    if view == "transposed":
+        x, t = x.transpose(), t.permute(*reversed(range(t.ndim)))
+    elif view == "every other":
+        x, t = x[..., ::2], t[..., ::2]
+    if op.startswith("arg"):
+        axis = data.draw(st.sampled_from([None, *range(-x.ndim, x.ndim)]))
+    else:
+        axes = data.draw(st.lists(st.sampled_from(range(x.ndim)), unique=True))
+        axis = data.draw(st.sampled_from([None, tuple(axes)]))
+    if op == "prod" and dtype.startswith(("float", "complex")):
+        x = (1 + x / 1000).astype(dtype)
+        t = _t(x)
+    try:
+        want = reference(op, x, axis, keepdims)
+    except ValueError:
+        with pytest.raises(ValueError):
+            getattr(cb, op)(t, axis=axis, keepdims=keepdims)
+        return
+    check(op, getattr(cb, op)(t, axis=axis, keepdims=keepdims), want, x, axis)
 
 
 @pytest.mark.cuda
