@@ -156,10 +156,13 @@ pub fn strategy(
     sms: usize,
 ) -> (u32, usize, usize) {
     let wide = |n: usize| if n <= 4096 { 32 } else { BLOCK };
+    // Columns take a thread each, neighbours on neighbouring columns, where there are enough of
+    // them to fill a warp; fewer columns take a group each (the rows they share come from the
+    // cache).
     let group: u32 = match () {
         _ if n_red <= 16 => 1,
         _ if unit_red => wide(n_red),
-        _ if unit_kept => 1,
+        _ if unit_kept && n_out >= 32 => 1,
         _ => wide(n_red),
     };
     let resident = sms.max(1) * THREADS_PER_SM;
@@ -279,6 +282,9 @@ mod tests {
         let (group, chunks, _) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
         assert_eq!(group, 1);
         assert!(chunks * (1 << 15) >= 132 * THREADS_PER_SM);
+        // Four columns of 2^18: a group each, split into chunks.
+        let (group, chunks, _) = strategy(4, 1 << 18, (false, true), 4, 132);
+        assert!(group > 1 && chunks > 1);
         // 1024 rows of 1024: a warp each, one launch; so for a small array summed whole.
         assert_eq!(strategy(1024, 1024, (true, true), 4, 132), (32, 1, 1024));
         assert_eq!(strategy(1, 1024, (true, true), 4, 132), (32, 1, 1024));
