@@ -468,3 +468,12 @@ def test_reduce_dims_off_gives_the_same_results():
     x = sample((6, 7, 8), "float64", 12)
     for axis in (None, 1, (0, 2)):
         np.testing.assert_allclose(_host(k(_t(x), axis=axis)), x.sum(axis=axis), rtol=1e-13)
+
+
+@pytest.mark.cuda
+@cuda
+def test_a_reduction_kernel_names_what_is_on_the_wrong_device():
+    with pytest.raises(ValueError, match=r"l2norm: x is on cpu.*reduction kernels run on one"):
+        L2(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="y: out has shape"):
+        L2(torch.ones(4, 3, device="cuda"), axis=1, out=torch.empty(3, device="cuda"))

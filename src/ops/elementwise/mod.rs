@@ -404,7 +404,7 @@ impl<'a> Call<'a> {
     }
 
     /// The one CUDA device of every array (the current device when no array is passed).
-    pub(crate) fn device(&self) -> Result<Device> {
+    fn device(&self) -> Result<Device> {
         let arrays = (0..self.roles.len()).filter_map(|k| Some((k, self.array(k)?)));
         let name = |k| self.param(k).name.clone();
         crate::ops::launch::kernel_device((&self.kernel.spec.name, "elementwise"), arrays, name)

@@ -96,7 +96,14 @@ impl ReductionKernel {
         if !crate::cuda::is_available() {
             return Err(crate::cuda::unavailable_for(&self.spec.spec.name));
         }
-        let device = call.device()?;
+        let spec = &self.spec.spec;
+        let arrays = (0..bound.roles.len()).filter_map(|k| Some((k, call.array(k)?)));
+        let name = |k| {
+            spec.params()
+                .nth(k)
+                .map_or_else(String::new, |p| p.name.clone())
+        };
+        let device = crate::ops::launch::kernel_device((&spec.name, "reduction"), arrays, name)?;
         // SAFETY: the caller's contract.
         unsafe { self.run(&bound, inputs, outputs, axes, (device, stream)) }
     }
