@@ -123,6 +123,119 @@ def add(a: Any, b: Any, /, *, out: None = None, stream: Any | None = None) -> Ar
 @overload
 def add(a: Any, b: Any, /, *, out: _Out, stream: Any | None = None) -> _Out: ...
 
+@overload
+def sum(
+    x: Any,
+    /,
+    *,
+    axis: int | Sequence[int] | None = None,
+    dtype: Any | None = None,
+    keepdims: bool = False,
+    out: None = None,
+    stream: Any | None = None,
+) -> Array: ...
+@overload
+def sum(
+    x: Any,
+    /,
+    *,
+    axis: int | Sequence[int] | None = None,
+    dtype: Any | None = None,
+    keepdims: bool = False,
+    out: _Out,
+    stream: Any | None = None,
+) -> _Out: ...
+@overload
+def prod(
+    x: Any,
+    /,
+    *,
+    axis: int | Sequence[int] | None = None,
+    dtype: Any | None = None,
+    keepdims: bool = False,
+    out: None = None,
+    stream: Any | None = None,
+) -> Array: ...
+@overload
+def prod(
+    x: Any,
+    /,
+    *,
+    axis: int | Sequence[int] | None = None,
+    dtype: Any | None = None,
+    keepdims: bool = False,
+    out: _Out,
+    stream: Any | None = None,
+) -> _Out: ...
+@overload
+def max(
+    x: Any,
+    /,
+    *,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    out: None = None,
+    stream: Any | None = None,
+) -> Array: ...
+@overload
+def max(
+    x: Any,
+    /,
+    *,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    out: _Out,
+    stream: Any | None = None,
+) -> _Out: ...
+@overload
+def min(
+    x: Any,
+    /,
+    *,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    out: None = None,
+    stream: Any | None = None,
+) -> Array: ...
+@overload
+def min(
+    x: Any,
+    /,
+    *,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    out: _Out,
+    stream: Any | None = None,
+) -> _Out: ...
+@overload
+def argmax(
+    x: Any,
+    /,
+    *,
+    axis: int | None = None,
+    keepdims: bool = False,
+    out: None = None,
+    stream: Any | None = None,
+) -> Array: ...
+@overload
+def argmax(
+    x: Any, /, *, axis: int | None = None, keepdims: bool = False, out: _Out, stream: Any | None = None
+) -> _Out: ...
+@overload
+def argmin(
+    x: Any,
+    /,
+    *,
+    axis: int | None = None,
+    keepdims: bool = False,
+    out: None = None,
+    stream: Any | None = None,
+) -> Array: ...
+@overload
+def argmin(
+    x: Any, /, *, axis: int | None = None, keepdims: bool = False, out: _Out, stream: Any | None = None
+) -> _Out: ...
+
 @final
 class Stream:
     def __new__(cls, device: _Device = None) -> Stream: ...
@@ -191,6 +304,43 @@ class ElementwiseKernel:
         out: Any | None = None,
         stream: Any | None = None,
         size: int | None = None,
+    ) -> Any: ...
+
+@final
+class ReductionKernel:
+    """A reduction in CuPy's syntax, run on CUDA arrays of any producer.
+
+    ``map_expr`` maps each element (of the inputs, and ``_J``, its C-order index along the
+    reduced axes) to ``reduce_type`` (default: the first output's type); ``reduce_expr`` combines
+    two such values ``a`` and ``b``; ``post_map_expr`` writes the outputs from the result ``a``.
+    Beyond CuPy: ``raw`` inputs, several outputs given as ``out=``, and errors that name the
+    malformed part of a declaration. Deterministic: the same input on the same device gives the
+    same bits on every run and stream.
+    """
+
+    def __new__(
+        cls,
+        in_params: str,
+        out_params: str,
+        map_expr: str,
+        reduce_expr: str,
+        post_map_expr: str,
+        identity: Any | None,
+        name: str = "reduce_kernel",
+        reduce_type: str | None = None,
+        reduce_dims: bool = True,
+        preamble: str = "",
+        options: Sequence[str] | None = None,
+    ) -> ReductionKernel: ...
+    @property
+    def name(self) -> str: ...
+    def __call__(
+        self,
+        *args: Any,
+        out: Any | None = None,
+        axis: int | Sequence[int] | None = None,
+        keepdims: bool = False,
+        stream: Any | None = None,
     ) -> Any: ...
 
 @final

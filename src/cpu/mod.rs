@@ -4,6 +4,7 @@
 pub mod add;
 pub mod copy;
 pub mod element;
+pub mod reduce;
 pub mod round;
 
 use crate::layout::Coalesced;

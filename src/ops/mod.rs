@@ -10,6 +10,7 @@ pub mod launch;
 pub mod module;
 pub mod plan;
 pub mod raw;
+pub mod reduction;
 
 use crate::array::Array;
 use crate::cpu::element::Scalar;
@@ -25,11 +26,13 @@ pub enum Arg {
 }
 
 /// The programs compiled ahead of time and shipped in the build (see
-/// [`crate::cuda::shipped`]): `add`'s ([`add::shipped_programs`]) and the casts of copies
-/// (`copy::shipped_programs`).
+/// [`crate::cuda::shipped`]): `add`'s ([`add::shipped_programs`]), the casts of copies
+/// (`copy::shipped_programs`) and the common reductions
+/// ([`reduction::builtin::shipped_programs`]).
 pub fn shipped_programs() -> crate::Result<Vec<crate::cuda::kernels::Program>> {
     let mut all = add::shipped_programs()?;
     all.extend(copy::shipped_programs());
+    all.extend(reduction::builtin::shipped_programs());
     Ok(all)
 }
 

@@ -145,7 +145,7 @@ impl PyElementwiseKernel {
 
 /// The output objects a call passed, positionally after the inputs or as `out=` (`None` for
 /// each output to allocate).
-fn outputs_passed<'py>(
+pub(super) fn outputs_passed<'py>(
     spec: &Spec,
     args: &[Bound<'py, PyAny>],
     out: Option<&Bound<'py, PyAny>>,
@@ -172,7 +172,7 @@ fn outputs_passed<'py>(
 /// What a call returns: outputs given as themselves (like numpy's `out=`), new ones as arrays;
 /// one output alone, several (or none, as CuPy returns for a kernel without outputs) as a
 /// tuple.
-fn returned(
+pub(super) fn returned(
     py: Python<'_>,
     outs: Vec<Option<Bound<'_, PyAny>>>,
     results: Vec<crate::Array>,

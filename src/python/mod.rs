@@ -16,6 +16,7 @@ mod kernels;
 mod module;
 pub mod operands;
 mod pickle;
+mod reduction;
 mod runtime;
 mod stream;
 mod types;
@@ -56,6 +57,13 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernels::PyRawKernel>()?;
     m.add_class::<module::PyRawModule>()?;
     pickle::register(m)?;
+    m.add_class::<reduction::PyReductionKernel>()?;
+    m.add_function(wrap_pyfunction!(reduction::sum, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::prod, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::max, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::min, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::argmax, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction::argmin, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Extension crates built on cubridge hand their work to this module's runtime.
     runtime::publish(m)?;

@@ -7,7 +7,7 @@
 //! ([`crate::ops::plan`]), load the variant's kernel, lay out its parameters and launch
 //! ([`params`]).
 
-mod check;
+pub(crate) mod check;
 pub mod params;
 pub mod source;
 pub mod spec;
@@ -369,6 +369,11 @@ impl<'a> Call<'a> {
             Some(&Arg::Value(v, _)) => Some(v),
             _ => None,
         }
+    }
+
+    /// Per parameter (inputs, then outputs): element, value or raw.
+    pub(crate) fn roles(&self) -> &[Role] {
+        &self.roles
     }
 
     /// The element parameters (broadcast over the loop), in order.

@@ -51,6 +51,34 @@ fn prelude(spec: &Spec, sig: &Signature) -> String {
     let nin = spec.inputs.len();
     let params: Vec<_> = spec.params().collect();
     let ty = |k: usize| c_type(sig.dtypes[k]);
+    let mut src = types_prelude(spec, sig);
+
+    // The operation: inputs by value, outputs by reference, raw arrays whole.
+    let op_params: Vec<String> = params
+        .iter()
+        .enumerate()
+        .map(|(k, p)| match (sig.roles[k], k < nin) {
+            (Role::Raw, _) => format!(", CbRaw<{}> {}", ty(k), p.name),
+            (_, true) => format!(", const {} {}", ty(k), p.name),
+            (_, false) => format!(", {}& {}", ty(k), p.name),
+        })
+        .collect();
+    let _ = write!(
+        src,
+        "__device__ __forceinline__ void cb_op(const long long i, const CbInd& _ind{}) {{\n\
+         (void)i; (void)_ind;\n{};\n}}\n",
+        op_params.concat(),
+        spec.operation
+    );
+    src
+}
+
+/// The part of [`prelude`] that every engine's program starts with (the reduction engine's
+/// too): the half-precision headers where a dtype or the code needs them, the ABI and users'
+/// headers, the spec's own header, a typedef per type name, and the preamble.
+pub(crate) fn types_prelude(spec: &Spec, sig: &Signature) -> String {
+    let params: Vec<_> = spec.params().collect();
+    let ty = |k: usize| c_type(sig.dtypes[k]);
     let mentions = |word: &str| spec.operation.contains(word) || spec.preamble.contains(word);
     let mut src = String::new();
     if sig.dtypes.contains(&DType::Float16) || mentions("half") {
@@ -72,24 +100,6 @@ fn prelude(spec: &Spec, sig: &Signature) -> String {
         let _ = writeln!(src, "typedef {} {t};", ty(k));
     }
     let _ = writeln!(src, "{}", spec.preamble);
-
-    // The operation: inputs by value, outputs by reference, raw arrays whole.
-    let op_params: Vec<String> = params
-        .iter()
-        .enumerate()
-        .map(|(k, p)| match (sig.roles[k], k < nin) {
-            (Role::Raw, _) => format!(", CbRaw<{}> {}", ty(k), p.name),
-            (_, true) => format!(", const {} {}", ty(k), p.name),
-            (_, false) => format!(", {}& {}", ty(k), p.name),
-        })
-        .collect();
-    let _ = write!(
-        src,
-        "__device__ __forceinline__ void cb_op(const long long i, const CbInd& _ind{}) {{\n\
-         (void)i; (void)_ind;\n{};\n}}\n",
-        op_params.concat(),
-        spec.operation
-    );
     src
 }
 

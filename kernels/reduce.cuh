@@ -1,0 +1,190 @@
+// The reduction engine's kernels (users' ReductionKernels and the built-in sum, max, ...),
+// written once over an `Ops` that the host generates per signature
+// (src/ops/reduction/source.rs), after abi.cuh, user.cuh and the signature's cb_identity,
+// cb_reduce, cb_map and cb_post. The host mirrors CbRedShape and CbRedIn in
+// src/ops/reduction/params.rs: keep them in step.
+//
+// A reduction has n_out outputs of n_red elements each, split into `chunks` chunks of `chunk`
+// elements. A group of G threads (1, 32, or the block) reduces one (output, chunk) item: its
+// threads take packs of V elements in turn, each thread folding its elements in order from the
+// identity, then the group folds its threads' results in a fixed tree of warp shuffles (and
+// shared memory across warps). With one chunk the group writes the outputs; with more it writes
+// a partial result, and a second kernel folds each output's partials in order. No atomics: the
+// order of every operation depends on the shape, the dtypes and the device's size alone.
+//
+// Ops gives: R (the reduce type), V, Item and item(o) (an output's offsets), at<ONE>(it, j) (the
+// mapped value of element j; ONE: of one reduced dimension), Packs, load(p, it, j) and
+// apply(s, p, j) (V elements from unit strides, mapped and folded in order), and post(it, a)
+// (the post-map into the outputs).
+
+// The loop's kept and reduced extents, innermost last, and the split.
+struct CbRedShape {
+    long long kept[CB_MAX_DIMS];
+    long long red[CB_MAX_DIMS];
+    int kept_ndim;
+    int red_ndim;
+    long long n_out;
+    long long n_red;
+    long long chunks;
+    long long chunk;
+};
+
+// An element input: its strides over the kept and over the reduced dimensions.
+template <typename T> struct CbRedIn {
+    T* p;
+    long long ks[CB_MAX_DIMS];
+    long long rs[CB_MAX_DIMS];
+};
+
+namespace cbr {
+
+// The offset of element i of a walk over `ext` (C order) with strides `s`. The loop is kept
+// rolled: its 64-bit divisions, unrolled or copied into every unrolled load, would take most of
+// a program's compile time. Walks of one dimension (nearly all, once merged) never come here.
+__device__ __forceinline__ long long offset_nd(long long i, const long long* ext,
+                                               const long long* s, int ndim) {
+    long long off = 0;
+#pragma unroll 1
+    for (int d = ndim - 1; d > 0; --d) {
+        off += (i % ext[d]) * s[d];
+        i /= ext[d];
+    }
+    return off + i * s[0];
+}
+__device__ __forceinline__ long long offset(long long i, const long long* ext, const long long* s,
+                                            int ndim) {
+    return ndim == 1 ? i * s[0] : offset_nd(i, ext, s, ndim);
+}
+
+// x moved down `delta` lanes, word by word, whatever its type.
+template <typename T> __device__ __forceinline__ T shfl_down(const T& x, int delta) {
+    constexpr int W = (sizeof(T) + 3) / 4;
+    int w[W];
+    memcpy(w, &x, sizeof(T));
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = __shfl_down_sync(0xffffffffu, w[k], delta);
+    T r;
+    memcpy(&r, w, sizeof(T));
+    return r;
+}
+
+// The fold of a group's G values (the result in its first thread): a fixed tree.
+template <int G, typename R>
+__device__ __forceinline__ R group_fold(R s, unsigned char* shared) {
+    if (G == 1) return s;
+#pragma unroll
+    for (int d = (G < 32 ? G : 32) / 2; d > 0; d /= 2) s = cb_reduce(s, shfl_down(s, d));
+    if (G <= 32) return s;
+    R* parts = reinterpret_cast<R*>(shared);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // the previous item's reads are done
+    if (lane == 0) parts[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = parts[lane < G / 32 ? lane : 0];
+#pragma unroll
+        for (int d = G / 64; d > 0; d /= 2) s = cb_reduce(s, shfl_down(s, d));
+    }
+    return s;
+}
+
+// Packs each thread loads before it folds them (one reduced dimension): more bytes in flight.
+#define CBR_UNROLL 4
+
+// Folds elements [begin, end) of an output into s: the group's threads take packs of V in turn
+// (thread `lane` packs lane, lane + G, ...), each folding its elements in order, then the tail
+// one element at a time. VEC: packs loaded whole (unit strides, aligned); ONE: one reduced
+// dimension, whose offsets are multiplications, the loads unrolled; neither changes the order.
+template <typename Ops, int G, bool VEC, bool ONE>
+__device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename Ops::Item& it,
+                                                long long begin, long long end, int lane,
+                                                typename Ops::R s) {
+    constexpr int V = Ops::V;
+    constexpr int U = ONE ? CBR_UNROLL : 1;
+    const long long packs = end > begin ? (end - begin) / V : 0;
+    for (long long q0 = lane; q0 < packs; q0 += (long long)G * U) {
+        if constexpr (VEC) {
+            typename Ops::Packs p[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long q = q0 + (long long)u * G;
+                if (q < packs) ops.load(p[u], it, begin + q * V);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long q = q0 + (long long)u * G;
+                if (q < packs) ops.apply(s, p[u], begin + q * V);
+            }
+        } else if constexpr (ONE) {
+            // The loads do not depend on s: the compiler issues them ahead of the folds.
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long q = q0 + (long long)u * G;
+#pragma unroll
+                for (int e = 0; e < V; ++e)
+                    if (q < packs) s = cb_reduce(s, ops.template at<true>(it, begin + q * V + e));
+            }
+        } else {
+#pragma unroll 1
+            for (int e = 0; e < V; ++e)
+                s = cb_reduce(s, ops.template at<false>(it, begin + q0 * V + e));
+        }
+    }
+    // The tail: fewer than V elements, lane + k * G for each thread; unrolled where offsets are
+    // multiplications (rows of 2 elements have nothing but a tail).
+    const long long tail = begin + packs * V + lane;
+    if constexpr (ONE) {
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+            if (tail + (long long)k * G < end)
+                s = cb_reduce(s, ops.template at<true>(it, tail + (long long)k * G));
+    } else {
+#pragma unroll 1
+        for (long long j = tail; j < end; j += G) s = cb_reduce(s, ops.template at<false>(it, j));
+    }
+    return s;
+}
+
+// The first kernel: each output of the group's turn, in the chunk of the block's row.
+template <typename Ops, int G, bool VEC>
+__device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
+    typedef typename Ops::R R;
+    __shared__ __align__(16) unsigned char shared[(G > 32 ? G / 32 : 1) * sizeof(R)];
+    const int lane = threadIdx.x % G;
+    const long long per_block = blockDim.x / G;
+    const long long c = blockIdx.y;  // the chunk: one row of blocks each
+    for (long long o = blockIdx.x * per_block + threadIdx.x / G; o < g.n_out;
+         o += gridDim.x * per_block) {
+        const typename Ops::Item it = ops.item(o);
+        const long long begin = c * g.chunk;
+        const long long end = begin + g.chunk < g.n_red ? begin + g.chunk : g.n_red;
+        R s = cb_identity();
+        if constexpr (VEC) s = fold<Ops, G, true, true>(ops, it, begin, end, lane, s);
+        else if (g.red_ndim == 1) s = fold<Ops, G, false, true>(ops, it, begin, end, lane, s);
+        else s = fold<Ops, G, false, false>(ops, it, begin, end, lane, s);
+        s = group_fold<G>(s, shared);
+        if (lane == 0) {
+            if (g.chunks == 1) ops.post(it, s);
+            else static_cast<R*>(partial)[o * g.chunks + c] = s;
+        }
+    }
+}
+
+// The second kernel: each output's partials folded by a group of G threads, in order.
+template <typename Ops, int G>
+__device__ __forceinline__ void finish(const Ops& ops, const CbRedShape& g, const void* partial) {
+    typedef typename Ops::R R;
+    __shared__ __align__(16) unsigned char shared[(G > 32 ? G / 32 : 1) * sizeof(R)];
+    const R* parts = static_cast<const R*>(partial);
+    const int lane = threadIdx.x % G;
+    const long long per_block = blockDim.x / G;
+    for (long long o = blockIdx.x * per_block + threadIdx.x / G; o < g.n_out;
+         o += gridDim.x * per_block) {
+        R s = cb_identity();
+        for (long long c = lane; c < g.chunks; c += G) s = cb_reduce(s, parts[o * g.chunks + c]);
+        s = group_fold<G>(s, shared);
+        if (lane == 0) ops.post(ops.item(o), s);
+    }
+}
+
+}  // namespace cbr

@@ -1,0 +1,303 @@
+//! The plan of a reduction: the input's dimensions split into kept ones (one output element
+//! each) and reduced ones, each group reordered and merged where the layouts allow, and the
+//! strategy of the kernel (`kernels/reduce.cuh`) chosen from the shape alone:
+//!
+//! - a reduced dimension of unit stride (rows, and whole contiguous arrays): a group of 32 or
+//!   256 threads per output element, moving packs of 16 bytes where the addresses allow; rows of
+//!   at most 16 elements one thread each;
+//! - otherwise (columns): one thread per output element, neighbouring threads on neighbouring
+//!   columns;
+//! - where that leaves the device short of work, each output's elements are split into a fixed
+//!   number of chunks whose partial results a second kernel reduces in order.
+//!
+//! Nothing in the plan depends on addresses, streams or timing but the choice of vector loads,
+//! which leaves the order of every operation as it is: the same shape, dtypes and device give
+//! the same bits.
+
+use crate::error::{Error, Result};
+use crate::layout::{coalesce_of, order_by_first, MAX_DIMS};
+use crate::ops::plan::Operand;
+
+/// Threads of a block of the reduction kernels (a multiple of every group).
+pub const BLOCK: u32 = 256;
+/// Threads that reduce one output's chunks in the second kernel.
+pub const FINAL_GROUP: u32 = 32;
+/// The most chunks an output's elements are split into (rows of blocks: at most 65535).
+const MAX_CHUNKS: usize = 4096;
+/// Resident threads per SM that the split aims to fill.
+const THREADS_PER_SM: usize = 2048;
+
+/// The plan of one reduction; see the module documentation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReductionPlan {
+    /// Kept extents, merged, innermost last.
+    pub kept: Vec<usize>,
+    /// Reduced extents, merged, innermost last.
+    pub red: Vec<usize>,
+    /// Each element input's strides over `kept`.
+    pub in_kept: Vec<Vec<isize>>,
+    /// Each element input's strides over `red`.
+    pub in_red: Vec<Vec<isize>>,
+    /// Each element output's strides over `kept`.
+    pub out_kept: Vec<Vec<isize>>,
+    /// Output elements.
+    pub n_out: usize,
+    /// Elements reduced into each.
+    pub n_red: usize,
+    /// Threads that reduce one output element (1, 32 or 256).
+    pub group: u32,
+    /// Chunks each output's elements are split into (1: no second kernel).
+    pub chunks: usize,
+    /// Elements per chunk, a multiple of the pack.
+    pub chunk: usize,
+    /// Whether the kernel moves packs of `width` elements (same order of operations).
+    pub vector: bool,
+}
+
+/// What a reduction reads and writes, over the input's broadcast `shape`.
+pub struct Walk<'a> {
+    /// The broadcast shape of the element inputs.
+    pub shape: &'a [usize],
+    /// The reduced axes, sorted, each once.
+    pub axes: &'a [usize],
+    /// The element inputs over `shape`.
+    pub inputs: &'a [Operand<'a>],
+    /// The element outputs' strides over the kept axes, in order.
+    pub outputs: &'a [&'a [isize]],
+}
+
+impl ReductionPlan {
+    /// Plans `walk`. `c_order`: the reduced dimensions keep C order (the map expression reads
+    /// `_J`, their C-order index); `merge`: dimensions are merged (CuPy's `reduce_dims`);
+    /// `width`: elements per pack; `sms`: the device's multiprocessors.
+    pub fn new(
+        walk: &Walk<'_>,
+        c_order: bool,
+        merge: bool,
+        width: usize,
+        sms: usize,
+    ) -> Result<ReductionPlan> {
+        let kept_axes: Vec<usize> = (0..walk.shape.len())
+            .filter(|d| !walk.axes.contains(d))
+            .collect();
+        let pick = |s: &[isize], axes: &[usize]| axes.iter().map(|&d| s[d]).collect::<Vec<_>>();
+        let extents = |axes: &[usize]| axes.iter().map(|&d| walk.shape[d]).collect::<Vec<_>>();
+        // Kept: every operand walks them, inputs first, ordered by the first input's strides.
+        let mut kept_strides: Vec<Vec<isize>> = (walk.inputs.iter())
+            .map(|o| pick(o.strides, &kept_axes))
+            .collect();
+        kept_strides.extend(walk.outputs.iter().map(|s| s.to_vec()));
+        let (kept, kept_strides) = group(&extents(&kept_axes), kept_strides, merge, true)?;
+        let red_strides = (walk.inputs.iter())
+            .map(|o| pick(o.strides, walk.axes))
+            .collect();
+        let (red, in_red) = group(&extents(walk.axes), red_strides, merge, !c_order)?;
+        let nin = walk.inputs.len();
+        let (n_out, n_red) = (kept.iter().product(), red.iter().product());
+        let unit_red = red.len() == 1 && in_red.iter().all(|s| s[0] == 1);
+        let unit_kept = kept_strides.first().is_none_or(|s| s[s.len() - 1] == 1);
+        let (group, chunks, chunk) = strategy(n_out, n_red, (unit_red, unit_kept), width, sms);
+        let aligned = walk.inputs.iter().zip(&kept_strides).all(|(o, s)| {
+            o.address % (width * o.itemsize) == 0 && s.iter().all(|&k| k % width as isize == 0)
+        });
+        Ok(ReductionPlan {
+            vector: group > 1 && width > 1 && unit_red && aligned,
+            out_kept: kept_strides[nin..].to_vec(),
+            in_kept: kept_strides[..nin].to_vec(),
+            kept,
+            red,
+            in_red,
+            n_out,
+            n_red,
+            group,
+            chunks,
+            chunk,
+        })
+    }
+}
+
+/// Dimensions of `extents` that `strides` (one list per operand) walk together: ordered by the
+/// first operand's strides where `reorder`, merged where `merge`, at most [`MAX_DIMS`].
+fn group(
+    extents: &[usize],
+    strides: Vec<Vec<isize>>,
+    merge: bool,
+    reorder: bool,
+) -> Result<(Vec<usize>, Vec<Vec<isize>>)> {
+    let refs: Vec<&[isize]> = strides.iter().map(|s| &s[..]).collect();
+    let (extents, strides) = match (reorder && !refs.is_empty(), merge) {
+        (true, true) => {
+            let (e, s) = order_by_first(extents, &refs);
+            let refs: Vec<&[isize]> = s.iter().map(|s| &s[..]).collect();
+            coalesce_of(&e, &refs)
+        }
+        (false, true) => coalesce_of(extents, &refs),
+        (_, false) if extents.is_empty() => (vec![1], vec![vec![1]; strides.len()]),
+        (_, false) => (extents.to_vec(), strides),
+    };
+    if extents.len() > MAX_DIMS {
+        return Err(Error::invalid(format!(
+            "a reduction walks at most {MAX_DIMS} kept and {MAX_DIMS} reduced dimensions after \
+             merging contiguous ones; this one needs {}",
+            extents.len()
+        )));
+    }
+    Ok((extents, strides))
+}
+
+/// The threads per output (`group`), the chunks and the elements per chunk for `n_out` outputs
+/// of `n_red` elements each, where the reduced dimension has unit stride (`unit_red`) or the
+/// innermost kept one has (`unit_kept`); `width` elements per pack, `sms` multiprocessors.
+pub fn strategy(
+    n_out: usize,
+    n_red: usize,
+    (unit_red, unit_kept): (bool, bool),
+    width: usize,
+    sms: usize,
+) -> (u32, usize, usize) {
+    let wide = |n: usize| if n <= 4096 { 32 } else { BLOCK };
+    // Columns take a thread each, neighbours on neighbouring columns, where there are enough of
+    // them to fill a warp; fewer columns take a group each (the rows they share come from the
+    // cache).
+    let group: u32 = match () {
+        _ if n_red <= 16 => 1,
+        _ if unit_red => wide(n_red),
+        _ if unit_kept && n_out >= 32 => 1,
+        _ => wide(n_red),
+    };
+    let resident = sms.max(1) * THREADS_PER_SM;
+    // Split where the outputs alone would leave most of the device idle, or half of it for
+    // work large enough that a second kernel's launch costs little beside it; then fill the
+    // device. A chunk keeps every thread of its group busy for a few packs at least.
+    let busy = n_out.saturating_mul(group as usize);
+    let large = n_out.saturating_mul(n_red) >= 1 << 22;
+    let least = (group as usize * width * 4).max(256);
+    let wanted = match busy < resident / 16 || (large && busy < resident / 2) {
+        true => (resident / group as usize).div_ceil(n_out.max(1)),
+        false => 1,
+    };
+    // Small work (a few blocks' worth) takes one launch whatever it leaves idle.
+    let wanted = if n_out.saturating_mul(n_red) < 1 << 16 {
+        1
+    } else {
+        wanted
+    };
+    let chunks = wanted.min(n_red / least).clamp(1, MAX_CHUNKS);
+    let chunk = n_red.div_ceil(chunks).next_multiple_of(width).max(width);
+    (group, n_red.div_ceil(chunk).max(1), chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(strides: &[isize], address: usize) -> Operand<'_> {
+        Operand {
+            strides,
+            contiguous: false,
+            address,
+            itemsize: 4,
+        }
+    }
+
+    #[test]
+    fn rows_columns_and_whole_arrays() {
+        // (1000, 4096) float32 over its rows: a warp a row, packs, no chunks.
+        let x = [4096, 1];
+        let out: [&[isize]; 1] = [&[1]];
+        let inputs = [op(&x, 256)];
+        let walk = |axes: &'static [usize], outputs| Walk {
+            shape: &[1000, 4096],
+            axes,
+            inputs: &inputs,
+            outputs,
+        };
+        let p = ReductionPlan::new(&walk(&[1], &out), false, true, 4, 132).unwrap();
+        assert_eq!((p.n_out, p.n_red, p.group, p.chunks), (1000, 4096, 32, 1));
+        assert!(p.vector);
+        // Over its columns: a thread a column, split into chunks for 132 SMs.
+        let p = ReductionPlan::new(&walk(&[0], &[&[1]]), false, true, 4, 132).unwrap();
+        assert_eq!((p.n_out, p.n_red, p.group), (4096, 1000, 1));
+        assert_eq!(
+            (p.in_kept[0].clone(), p.in_red[0].clone()),
+            (vec![1], vec![4096])
+        );
+        assert!(!p.vector && p.chunks >= 1 && p.chunks * p.chunk >= 1000);
+        // Everything: one output, merged into one run of blocks, split across the device.
+        let p = ReductionPlan::new(&walk(&[0, 1], &[]), false, true, 4, 132).unwrap();
+        assert_eq!(
+            (p.kept.clone(), p.red.clone()),
+            (vec![1], vec![4096 * 1000])
+        );
+        assert_eq!(p.group, BLOCK);
+        assert!(p.chunks > 100 && (p.chunks - 1) * p.chunk < 4096 * 1000);
+        // A misaligned view keeps the order of operations, without packs.
+        let shifted = [op(&x, 260)];
+        let w = Walk {
+            inputs: &shifted,
+            ..walk(&[0, 1], &[])
+        };
+        let q = ReductionPlan::new(&w, false, true, 4, 132).unwrap();
+        assert!(!q.vector);
+        assert_eq!((q.group, q.chunks, q.chunk), (p.group, p.chunks, p.chunk));
+    }
+
+    #[test]
+    fn tiny_rows_take_one_thread_each() {
+        let x = [2, 1];
+        let inputs = [op(&x, 0)];
+        let w = Walk {
+            shape: &[1_000_000, 2],
+            axes: &[1],
+            inputs: &inputs,
+            outputs: &[&[1]],
+        };
+        let p = ReductionPlan::new(&w, false, true, 4, 132).unwrap();
+        assert_eq!((p.group, p.chunks, p.n_out), (1, 1, 1_000_000));
+    }
+
+    #[test]
+    fn index_order_and_merging() {
+        // A transposed input reduced everywhere: reordered by its strides into one run, unless
+        // the map reads _J (C order), or merging is off.
+        let t = [1, 3];
+        let inputs = [op(&t, 0)];
+        let w = Walk {
+            shape: &[3, 5],
+            axes: &[0, 1],
+            inputs: &inputs,
+            outputs: &[],
+        };
+        let p = ReductionPlan::new(&w, false, true, 4, 1).unwrap();
+        assert_eq!((p.red, p.in_red), (vec![15], vec![vec![1]]));
+        let p = ReductionPlan::new(&w, true, true, 4, 1).unwrap();
+        assert_eq!((p.red, p.in_red), (vec![3, 5], vec![vec![1, 3]]));
+        let p = ReductionPlan::new(&w, false, false, 4, 1).unwrap();
+        assert_eq!(p.red, vec![3, 5]);
+    }
+
+    #[test]
+    fn large_columns_fill_the_device_and_small_work_takes_one_launch() {
+        // 2^15 columns of 2^15: one thread each would keep an eighth of 132 SMs busy.
+        let (group, chunks, _) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
+        assert_eq!(group, 1);
+        assert!(chunks * (1 << 15) >= 132 * THREADS_PER_SM);
+        // Four columns of 2^18: a group each, split into chunks.
+        let (group, chunks, _) = strategy(4, 1 << 18, (false, true), 4, 132);
+        assert!(group > 1 && chunks > 1);
+        // 1024 rows of 1024: a warp each, one launch; so for a small array summed whole.
+        assert_eq!(strategy(1024, 1024, (true, true), 4, 132), (32, 1, 1024));
+        assert_eq!(strategy(1, 1024, (true, true), 4, 132), (32, 1, 1024));
+    }
+
+    #[test]
+    fn the_split_depends_on_the_shape_and_the_device_only() {
+        for sms in [1, 80, 132] {
+            for (n_out, n_red) in [(1, 1 << 30), (16, 1 << 26), (1 << 20, 2), (7, 0)] {
+                let (g, chunks, chunk) = strategy(n_out, n_red, (true, true), 4, sms);
+                assert!((1..=MAX_CHUNKS).contains(&chunks) && chunk % 4 == 0, "{g}");
+                assert!(chunks * chunk >= n_red && (chunks - 1) * chunk < n_red.max(1));
+            }
+        }
+    }
+}
