@@ -90,7 +90,7 @@ test: test-rust test-python test-example
 # NVRTC from the nvidia pip packages in .venv (CUDA 13: nvidia/cu13/lib, CUDA 12:
 # nvidia/cuda_nvrtc/lib); CUBRIDGE_TEST_REQUIRE_NVRTC=1 fails the compile tests without it.
 test-rust: tools $(VENV)/.test-deps
-	@echo "building and running the Rust tests, which compile every kernel with NVRTC (about 3 min on 2 cores)"
+	@echo "building and running the Rust tests, which compile every kernel with NVRTC (about 4 min on 2 idle cores)"
 	@lib=$$(ls $(VENV)/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.* 2>/dev/null | head -n 1); \
 	test -n "$$lib" || { echo "no NVRTC in .venv: rm .venv/.test-deps and make test again" >&2; exit 1; }; \
 	echo "CUBRIDGE_TEST_NVRTC_DIR=$$(dirname $$lib) cargo test --quiet"; \
@@ -100,7 +100,7 @@ test-python: build $(VENV)/.test-deps
 	$(BIN)/python -m pytest interop-tests -q
 
 test-example: build $(VENV)/.test-deps
-	@echo "building the example extension (debug, about 20 s)"
+	@echo "building the example extension (debug, about 1 min the first time)"
 	cd examples/extension && $(BIN)/maturin develop -q
 	$(BIN)/python -m pytest examples/extension/tests -q
 
