@@ -173,6 +173,14 @@ impl Buffer {
         self.ptr
     }
 
+    /// The start and size of the CUDA allocation this buffer is, where cubridge made it.
+    pub fn cuda_block(&self) -> Option<(u64, usize)> {
+        match &self.owner {
+            Owner::Storage(Storage::Cuda(alloc)) => Some(alloc.block()),
+            _ => None,
+        }
+    }
+
     /// The last CUDA write recorded on this memory, if any.
     pub fn last_write(&self) -> Option<Write> {
         crate::lock(&self.last_write).clone()

@@ -144,6 +144,7 @@ pub struct Export {
 /// it is parked until the reader has let go.
 pub fn export(
     ptr: u64,
+    block: Option<(u64, usize)>,
     ordinal: u32,
     pending: Option<Arc<Event>>,
     keep: Box<dyn Any + Send + Sync>,
@@ -151,7 +152,7 @@ pub fn export(
     context::bind(ordinal)?;
     reap();
     let pool = sharing_pool(ordinal)?;
-    let (base, size) = block_of(ptr, pool)?;
+    let (base, size) = block_of(ptr, block, pool)?;
     let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
     // SAFETY: `base` is a live block of an IPC-capable pool; the data goes to a local.
     let r = unsafe { sys::cuMemPoolExportPointer(&mut data, base) };
@@ -197,8 +198,14 @@ pub fn export(
     })
 }
 
-/// The start and size of the block holding `ptr`, refused unless it is of `pool`.
-fn block_of(ptr: u64, pool: sys::CUmemoryPool) -> Result<(u64, usize)> {
+/// The start and size of the block holding `ptr` (`block` where the caller knows the
+/// allocation: a pool's mapped range can be wider than one allocation, and only an allocation's
+/// own start can be exported), refused unless it is of `pool`.
+fn block_of(
+    ptr: u64,
+    block: Option<(u64, usize)>,
+    pool: sys::CUmemoryPool,
+) -> Result<(u64, usize)> {
     let mut owner: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: MEMPOOL_HANDLE writes one pool handle into `owner`.
     let r = unsafe {
@@ -214,6 +221,9 @@ fn block_of(ptr: u64, pool: sys::CUmemoryPool) -> Result<(u64, usize)> {
              after cubridge.cuda.set_shareable(True) can (the device's default pool cannot be \
              exported); copy it (a.to_device(a.device)) after set_shareable, or send a host copy",
         ));
+    }
+    if let Some(block) = block {
+        return Ok(block);
     }
     let (mut base, mut size) = (0u64, 0usize);
     // SAFETY: writes the block's start and size for a live device pointer.

@@ -466,6 +466,11 @@ impl CudaAlloc {
         }
     }
 
+    /// The allocation's start and size in bytes, as the allocator returned them.
+    pub fn block(&self) -> (u64, usize) {
+        (self.ptr, self.bytes)
+    }
+
     /// What kind of memory this is.
     pub fn kind(&self) -> MemoryKind {
         self.kind

@@ -89,7 +89,8 @@ pub fn _ipc_export<'py>(py: Python<'py>, array: PyRef<'_, PyArray>) -> PyResult<
         .into());
     };
     let keep: Box<dyn std::any::Any + Send + Sync> = Box::new(a.buffer().clone());
-    let export = ipc::export(a.data_ptr() as u64, ordinal, a.pending()?, keep)?;
+    let block = a.buffer().cuda_block();
+    let export = ipc::export(a.data_ptr() as u64, block, ordinal, a.pending()?, keep)?;
     // The first element's place in the block (the layout's own offset is relative to this
     // process's buffer, which need not start the block).
     let offset = (a.data_ptr() as u64 - export.base) as usize;
