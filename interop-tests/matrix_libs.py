@@ -112,25 +112,31 @@ def comparable(a):
 class Cell:
     """One claim: `producer`'s array reaches `consumer` through `protocol`, zero-copy and intact
     (kind "transfer" and "stream"), cubridge.add reads x and y and writes out (kind "add"), a
-    user's cubridge.ElementwiseKernel does the same (kind "kernel"), or a cubridge.RawKernel
-    reads x and writes y of one producer (kind "raw")."""
+    user's cubridge.ElementwiseKernel does the same (kind "kernel"), a cubridge.RawKernel
+    reads x and writes y of one producer (kind "raw"), a reduction (`op` "sum": cubridge.sum,
+    "kernel": a user's cubridge.ReductionKernel) reads x and writes out (kind "reduce"), or a
+    cubridge.RawModule's template kernel runs on one producer's arrays and reads a `__device__`
+    variable that `consumer` wrote in place (kind "module")."""
 
-    kind: str  # "transfer", "stream", "add", "kernel" or "raw"
-    group: str  # which slice of the matrix: dtypes, layouts, devices, streams, add-*
-    producer: str  # for add and kernel: "x,y,out" producers
+    kind: str  # "transfer", "stream", "add", "kernel", "raw", "reduce" or "module"
+    group: str  # which slice of the matrix: dtypes, layouts, devices, streams, add-*, ...
+    producer: str  # for add and kernel: "x,y,out" producers; for reduce: "x,out"
     consumer: str
     protocol: str
     dtype: str
     layout: str
     device: str
     stream: str = "default"
+    op: str = "-"  # for reduce: "sum" or "kernel"
 
     @property
     def id(self):
         parts = [self.group, f"{self.producer}->{self.consumer}", self.protocol, self.dtype]
         parts += [self.layout, self.device]
-        if self.kind == "stream" or self.group == "kernel-streams":
+        if self.kind == "stream" or self.group in ("kernel-streams", "reduce-streams"):
             parts.append(f"stream={self.stream}")
+        if self.op != "-":
+            parts.append(f"op={self.op}")
         return "|".join(parts)
 
     def as_dict(self):
@@ -183,13 +189,14 @@ def not_applicable(cell):
 
 
 def add_not_applicable(cell):
-    px, py, pz = cell.producer.split(",")
-    for p in (px, py, pz):
+    """For cells whose producer is "inputs...,out" (add, kernel, reduce)."""
+    *ins, pz = cell.producer.split(",")
+    for p in (*ins, pz):
         if cell.device not in producer_devices(p):
             return f"{p} has no arrays on {cell.device}"
     if pz == "jax":
         return "jax arrays are immutable: not an `out`"
-    for p in (px, py):
+    for p in ins:
         if p == "jax" and cell.layout in {"transposed", "sliced", "negative", "broadcast"}:
             return "jax arrays are always compact"
         if p == "numba" and cell.layout == "broadcast":
@@ -280,6 +287,8 @@ def cells():
                     )
                 )
     out += _kernel_cells(cuda_libs)
+    out += _reduce_cells(cuda_libs)
+    out += _module_cells()
     return out
 
 
@@ -314,9 +323,68 @@ def _kernel_cells(libs):
     return out
 
 
+REDUCE_KERNEL_DTYPES = ["float16", "bfloat16", "float32", "float64"]
+
+
+def _reduce_cells(cuda_libs):
+    """Reductions: cubridge.sum over an axis ("sum", also on the host) and a user's
+    ReductionKernel ("kernel", CUDA only), x and out each from its own producer on every device
+    (cuda:1 too), and x and out of one producer by dtype, layout and producer stream."""
+    host_libs = ["cubridge", "numpy", "torch", "jax"]
+    out = []
+
+    def cell(group, producers, dtype, layout, device, op, stream="default"):
+        return Cell("reduce", group, producers, "cubridge", "-", dtype, layout, device, stream, op)
+
+    for device, libs in [("cpu", host_libs), ("cuda:0", cuda_libs), ("cuda:1", cuda_libs)]:
+        ops = ["sum"] if device == "cpu" else ["sum", "kernel"]
+        out += [cell("reduce-producers", f"{x},{z}", "float32", "contiguous", device, op)
+                for op in ops for x in libs for z in libs]  # fmt: skip
+        if device == "cuda:1":
+            continue
+        for p in libs:
+            z = "cubridge" if p == "jax" else p
+            out += [cell("reduce-dtypes", f"{p},{z}", d, "contiguous", device, "sum")
+                    for d in DTYPES]  # fmt: skip
+            if device != "cpu":
+                out += [cell("reduce-dtypes", f"{p},{z}", d, "contiguous", device, "kernel")
+                        for d in REDUCE_KERNEL_DTYPES]  # fmt: skip
+            out += [cell("reduce-layouts", f"{p},{z}", "float32", lay, device, op)
+                    for op in ops for lay in LAYOUTS]  # fmt: skip
+    for p in ["torch", "cupy"]:
+        out += [cell("reduce-streams", f"{p},cubridge", "float32", "contiguous", "cuda:0", op,
+                     mode) for op in ["sum", "kernel"] for mode in ["default", "side"]]  # fmt: skip
+    return out
+
+
+MODULE_DTYPES = ["float32", "float64", "int32"]
+# How each library takes in a RawModule's `__device__` variable (a cubridge Array), as its
+# users would: jax only reads it (its arrays are immutable).
+GLOBAL_PROTOCOLS = {"torch": "dlpack", "cupy": "cai", "numba": "cai", "jax": "dlpack"}
+
+
+def _module_cells():
+    """RawModule: its template kernel on each producer's arrays, the `__device__` variable
+    written by cubridge ("module-kernels"); and the variable taken in zero-copy by each other
+    library, written (read, for jax) there and read by the kernel ("module-globals")."""
+    out = []
+    for device, dtypes in [("cuda:0", MODULE_DTYPES), ("cuda:1", ["float32"])]:
+        for d in dtypes:
+            out += [Cell("module", "module-kernels", p, "cubridge", "-", d, "contiguous", device)
+                    for p in ["cubridge", "torch", "cupy", "numba"]]  # fmt: skip
+            out += [Cell("module", "module-globals", "cubridge", c, proto, d, "contiguous",
+                         device) for c, proto in GLOBAL_PROTOCOLS.items()]  # fmt: skip
+    return out
+
+
 def why_not_applicable(cell):
-    if cell.kind in ("add", "kernel"):
+    if cell.kind in ("add", "kernel", "reduce"):
         return add_not_applicable(cell)
+    if cell.kind == "module":
+        for lib in {cell.producer, cell.consumer} - {"cubridge"}:
+            if cell.device not in producer_devices(lib):
+                return f"{lib} has no arrays on {cell.device}"
+        return None
     if cell.kind == "stream" and cell.producer == "jax" and cell.stream != "default":
         return "jax offers no stream to write on: its work runs on streams of its own"
     if cell.kind == "raw":

@@ -16,6 +16,7 @@ import gc
 import statistics
 import time
 import weakref
+import zlib
 
 import cubridge as cb
 import matrix_libs as m
@@ -335,22 +336,8 @@ def test_kernel(cell, request):
     layout = cell.layout if cell.group == "kernel-layouts" else "contiguous"
     X, Y = m.LIBS[px], m.LIBS[py]
     if cell.group == "kernel-streams":
-        torch = m.LIBS["torch"].module
-        stream, ptr = X.new_stream(cell.device)
-        x = X.make_on(np.full_like(bx, -7.0), cell.device, stream)
-        src = X.make(bx, cell.device)
         y = Y.make(by, cell.device)
-        X.settle(cell.device, stream, src)
-        torch.cuda.synchronize(m.gpu_index(cell.device))
-        with X.current(stream):
-            ext = _sleep_on(ptr, cell.device)
-            X.write(x, src, stream)
-            if cell.stream == "side":
-                assert not ext.query(), "the side stream finished early: no race to lose"
-                z = steps.run("cubridge", "consumer", lambda: KERNEL(x, y))
-            else:
-                X.settle(cell.device, stream, x)
-                z = steps.run("cubridge", "consumer", lambda: KERNEL(x, y))
+        z = _behind_long_kernel(cell, steps, X, bx, lambda x: KERNEL(x, y))
         host = _read_after(m.LIBS["cubridge"], z, expected)
         _check(host, expected)
         return
@@ -363,6 +350,26 @@ def test_kernel(cell, request):
     assert returned is z
     assert Z.ptr(z) == before
     _check(Z.read(z), expected)
+
+
+def _behind_long_kernel(cell, steps, X, bx, call):
+    """`call(x)`'s result, called under the producer's side stream, on which x (first -7) is
+    written with `bx`'s values behind a long kernel: while that kernel runs (stream "side"), or
+    once the stream has finished (stream "default")."""
+    torch = m.LIBS["torch"].module
+    stream, ptr = X.new_stream(cell.device)
+    x = X.make_on(np.full_like(bx, -7.0), cell.device, stream)
+    src = X.make(bx, cell.device)
+    X.settle(cell.device, stream, src)
+    torch.cuda.synchronize(m.gpu_index(cell.device))
+    with X.current(stream):
+        ext = _sleep_on(ptr, cell.device)
+        X.write(x, src, stream)
+        if cell.stream == "side":
+            assert not ext.query(), "the side stream finished early: no race to lose"
+        else:
+            X.settle(cell.device, stream, x)
+        return steps.run("cubridge", "consumer", lambda: call(x))
 
 
 @pytest.mark.parametrize("cell", _params("raw"))
@@ -381,6 +388,150 @@ def test_raw(cell, request):
     steps.run("cubridge", "consumer", lambda: kernel(4, 256, (x, y, np.int64(bx.size))))
     assert P.ptr(y) == before
     _check(P.read(y), (bx + bx).astype(bx.dtype))
+
+
+# Reductions (kind "reduce"): the built-in sum, and a user's ReductionKernel, sqrt of the sum of
+# squares (accumulated in float).
+L2 = cb.ReductionKernel(
+    "T x", "T y", "(float)x * (float)x", "a + b", "y = (T)sqrt(a)", "0", "matrix_l2", "float"
+)
+# Relative error allowed, against the sum of the magnitudes reduced into each result: cubridge
+# and numpy add in different orders; the kernel accumulates float64 values in float.
+REDUCE_RTOL = {"float16": 4e-3, "bfloat16": 1e-2, "float32": 1e-5, "complex64": 1e-5}
+REDUCE_RTOL |= {"float64": 1e-13, "complex128": 1e-13, "kernel float64": 1e-6}
+
+
+def _reduce_operand(cell):
+    """x's base (what producers make), its numpy view (the reference) and the reduced axis:
+    axis 0 of the layout's view for the layouts group (all axes of a 0-d array), else axis 1
+    of (3, 4), or of (256, 256) for the stream cells."""
+    if cell.group == "reduce-layouts":
+        bx = m.reference_base(cell.dtype, m.LAYOUT_BASE[cell.layout], seed=4)
+        rx = m.numpy_layout(bx, cell.layout)
+        return bx, rx, (0 if rx.ndim else None)
+    shape = (256, 256) if cell.group == "reduce-streams" else (3, 4)
+    bx = m.reference_base(cell.dtype, shape, seed=4)
+    return bx, bx, 1
+
+
+def _expected_reduction(op, rx, axis):
+    """numpy's result on the host copy, in numpy's result dtype; floats taken in float64 (or
+    complex128) and rounded once."""
+    if op == "kernel":
+        wide = rx.astype(np.float64)
+        return np.asarray(np.sqrt((wide * wide).sum(axis=axis))).astype(rx.dtype)
+    want = np.asarray(np.sum(rx, axis=axis))
+    if want.dtype.kind in "fc" or m.is_bfloat16(want.dtype):
+        wide = np.complex128 if want.dtype.kind == "c" else np.float64
+        want = np.asarray(rx.astype(wide).sum(axis=axis)).astype(want.dtype)
+    return want
+
+
+def _check_reduction(host, want, rx, axis, op):
+    """Exact for integers; floats within the reduction's rounding."""
+    assert host.shape == want.shape, (host.shape, want.shape)
+    assert host.dtype == want.dtype, (host.dtype, want.dtype)
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(host, want, strict=True)
+        return
+    key = f"kernel {want.dtype.name}" if op == "kernel" else want.dtype.name
+    rtol = REDUCE_RTOL.get(key, REDUCE_RTOL[want.dtype.name])
+    magnitude = np.abs(m.comparable(rx).astype(np.complex128)).sum(axis=axis)
+    err = np.abs(m.comparable(host).astype(np.complex128) - m.comparable(want))
+    assert (err <= rtol * (1 + magnitude)).all(), (m.comparable(host), m.comparable(want))
+
+
+@pytest.mark.parametrize("cell", _params("reduce"))
+def test_reduce(cell, request):
+    """cubridge.sum(x, axis=a, out=z), or the ReductionKernel L2 with out=z, with x and z each
+    from its own producer: z is written in place (for the stream cells, a new cubridge array)
+    and equals numpy's result on the host copy. The stream cells write x on the producer's side
+    stream behind a long kernel and reduce under that stream: the reduction must see the write."""
+    px, pz = cell.producer.split(",")
+    steps = _start_sum(cell, request, px, pz)
+    bx, rx, axis = _reduce_operand(cell)
+    want = _expected_reduction(cell.op, rx, axis)
+    reduce = cb.sum if cell.op == "sum" else L2
+    X, Z = m.LIBS[px], m.LIBS[pz]
+    if cell.group == "reduce-streams":
+        got = _behind_long_kernel(cell, steps, X, bx, lambda x: reduce(x, axis=axis))
+        host = _read(m.LIBS["cubridge"], got, want)
+        stale = _expected_reduction(cell.op, np.full_like(bx, -7.0), axis)
+        if np.allclose(host, stale):
+            raise m.NoStreamWait("the reduction read x from before the producer's write")
+        _check_reduction(host, want, rx, axis, cell.op)
+        return
+    layout = cell.layout if cell.group == "reduce-layouts" else "contiguous"
+    x = steps.run(px, "producer", lambda: X.view(X.make(bx, cell.device), layout))
+    z = Z.make(np.zeros(want.shape, want.dtype), cell.device)
+    before = Z.ptr(z)
+    returned = steps.run("cubridge", "consumer", lambda: reduce(x, axis=axis, out=z))
+    assert returned is z
+    assert Z.ptr(z) == before
+    _check_reduction(Z.read(z), want, rx, axis, cell.op)
+
+
+# Modules (kind "module"): a template kernel instance that reads a template `__device__`
+# variable, both named in name_expressions; one module, loaded once per device.
+MODULE_SOURCE = r"""
+template <typename T> __device__ T matrix_offset[4];
+template <typename T> __global__ void matrix_axpo(const T* x, T* y, T a, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + matrix_offset<T>[i % 4];
+}
+"""
+MODULE_TYPES = {"float32": "float", "float64": "double", "int32": "int"}
+MODULE = cb.RawModule(
+    code=MODULE_SOURCE,
+    name_expressions=[f"{f}<{t}>" for t in MODULE_TYPES.values()
+                      for f in ("matrix_axpo", "matrix_offset")],
+)  # fmt: skip
+
+
+def _write_global(cell, steps, g, offset):
+    """Writes `offset` into the variable `g`: by cubridge, or through the consumer's zero-copy
+    view of it (jax only reads it, after cubridge wrote it)."""
+    cubridge = m.LIBS["cubridge"]
+    if cell.group == "module-kernels" or cell.consumer == "jax":
+        cubridge.write(g, cb.asarray(offset, device=cell.device), None)
+    if cell.group == "module-kernels":
+        return
+    C = m.LIBS[cell.consumer]
+    view = steps.run(cell.consumer, "consumer", lambda: C.consume(g, cell.protocol, cell.device))
+    if C.ptr(view) != g.data_ptr:
+        raise m.Copied(f"{cell.consumer} holds {C.ptr(view):#x}, the variable {g.data_ptr:#x}")
+    if cell.consumer == "jax":
+        cb.cuda.synchronize(cell.device)
+        _check(steps.run("jax", "consumer", lambda: C.read(view)), offset)
+    else:
+        src = C.make(offset, cell.device)
+        stream = C.default_stream(cell.device)[0]
+        steps.run(cell.consumer, "consumer", lambda: C.write(view, src, stream))
+    cb.cuda.synchronize(cell.device)
+
+
+@pytest.mark.parametrize("cell", _params("module"))
+def test_module(cell, request):
+    """The module's `matrix_axpo<T>` computes y = 2 x + offset<T>[i % 4] on x and y of one
+    producer (y written in place); `offset<T>` (values new to each cell) is written by cubridge
+    ("module-kernels") or through each library's zero-copy view of the variable
+    ("module-globals"), and the kernel must read those values."""
+    _skip_if_missing(cell, cell.producer, cell.consumer)
+    P, steps = m.LIBS[cell.producer], Steps(cell, request)
+    ctype = MODULE_TYPES[cell.dtype]
+    offset = m.reference_base(cell.dtype, (4,), seed=zlib.crc32(cell.id.encode()))
+    g = MODULE.get_global(f"matrix_offset<{ctype}>", dtype=cell.dtype)
+    assert str(g.device) == cell.device, g.device  # the variable on the current device
+    _write_global(cell, steps, g, offset)
+    kernel = MODULE.get_function(f"matrix_axpo<{ctype}>")
+    bx = m.reference_base(cell.dtype, (1000,), seed=5)
+    two = bx.dtype.type(2)  # 2 x is exact, so a fused multiply-add rounds as numpy does
+    x = steps.run(cell.producer, "producer", lambda: P.make(bx, cell.device))
+    y = P.make(np.zeros_like(bx), cell.device)
+    before = P.ptr(y)
+    steps.run("cubridge", "consumer", lambda: kernel(4, 256, (x, y, two, np.int64(bx.size))))
+    assert P.ptr(y) == before
+    _check(P.read(y), (two * bx + np.resize(offset, bx.size)).astype(bx.dtype))
 
 
 # What each exchange costs: for every producer and consumer on cuda:0 (float32, 2^10 and 2^24
