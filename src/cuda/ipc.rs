@@ -153,16 +153,15 @@ pub fn export(
     reap();
     let pool = sharing_pool(ordinal)?;
     let (base, size) = block_of(ptr, block, pool)?;
+    // The driver exports an allocation only from a pool it has already shared (a pool exported
+    // to a handle), so the pool's descriptor comes first.
+    let pool_fd = pool_fd(ordinal, pool)?;
     let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
-    // SAFETY: `base` is a live block of an IPC-capable pool; the data goes to a local.
+    // SAFETY: `base` is a live block of an IPC-capable, shared pool; the data goes to a local.
     let r = unsafe { sys::cuMemPoolExportPointer(&mut data, base) };
     check(r.result(), "exporting device memory")?;
     // Everything that may fail comes before the event and the slot, which must be given back.
-    let (pool_fd, uuid, counters_fd) = (
-        pool_fd(ordinal, pool)?,
-        device_uuid(ordinal)?,
-        counters::own_fd()?,
-    );
+    let (uuid, counters_fd) = (device_uuid(ordinal)?, counters::own_fd()?);
     let (event, handle) = interprocess_event(ordinal, pending)?;
     let slot = match counters::take_slot() {
         Ok(slot) => slot,
