@@ -267,11 +267,13 @@ impl Layout {
             None => c_strides_dims(&dims),
             Some(s) => {
                 check_strides_len(dims.len(), s.len())?;
-                let stride = |&v: &i64| {
-                    isize::try_from(v)
-                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))
-                };
-                s.iter().map(stride).collect::<Result<_>>()?
+                // Filled in place (every import passes here): no iterator of results to collect.
+                let mut to = Dims::from_fn(s.len(), |_| 0isize);
+                for (to, &v) in to.iter_mut().zip(s) {
+                    *to = isize::try_from(v)
+                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))?;
+                }
+                to
             }
         };
         let byte_offset = usize::try_from(byte_offset)
