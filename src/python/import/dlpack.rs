@@ -2,6 +2,7 @@
 //! C exchange table, with the facts learned once per producer type; and the streams producers
 //! name (CuPy's current stream, the CUDA array interface's).
 
+use super::call::{call_dlpack, MAX_VERSION_ASKED};
 use super::exchange::WorkStreams;
 use super::values::numpy_generic;
 use super::{forbids_writes, is_capsule, is_numpy_ndarray, no_capsule, Imported};
@@ -18,7 +19,6 @@ use dlpark::python::{from_dlpack as dlpark_import, DlpackStream, ImportRequest, 
 use dlpark::DlpackFlags;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
 /// An array taken through its producer's DLPack C exchange table: one export, with the
 /// producer's current work stream (DLPack numbering, CUDA only), on which its data is ready. A
@@ -291,9 +291,6 @@ fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
     )
 }
 
-/// The `max_version` cubridge passes to `__dlpack__`: the newest DLPack it reads.
-const MAX_VERSION_ASKED: [u32; 2] = [1, 3];
-
 /// `obj.__dlpack__` called by cubridge itself, with `consumer` as the stream of a CUDA producer
 /// (cubridge numbers streams as DLPack does) and `max_version` when `versioned`, with the
 /// device that `obj.__dlpack_device__()` announced (`None` without one, and for CuPy's arrays,
@@ -315,22 +312,7 @@ fn protocol_capsule<'py>(
         false => announced_device(obj)?,
     };
     let on_cuda = facts.cupy || announced.is_some_and(|(t, _)| t == DLDeviceType::CUDA.0);
-    let kwargs = pyo3::types::PyDict::new(obj.py());
-    if versioned {
-        // The version cubridge reads, as a tuple made once.
-        static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
-        let version = MAX_VERSION.get_or_try_init(obj.py(), || {
-            PyTuple::new(obj.py(), MAX_VERSION_ASKED).map(Bound::unbind)
-        })?;
-        kwargs.set_item(
-            pyo3::intern!(obj.py(), "max_version"),
-            version.bind(obj.py()),
-        )?;
-    }
-    if on_cuda {
-        kwargs.set_item(pyo3::intern!(obj.py(), "stream"), consumer.dlpack())?;
-    }
-    let capsule = obj.call_method(pyo3::intern!(obj.py(), "__dlpack__"), (), Some(&kwargs))?;
+    let capsule = call_dlpack(obj, versioned, on_cuda.then(|| consumer.dlpack()))?;
     if !is_capsule(&capsule) {
         return Err(no_capsule(&capsule));
     }

@@ -4,6 +4,7 @@
 
 mod buffer;
 pub mod cai;
+mod call;
 mod dlpack;
 pub mod exchange;
 pub mod ndarray;
