@@ -1,8 +1,9 @@
-//! `obj.__dlpack__(max_version=..., stream=...)` as cubridge calls it on a producer without a
-//! usable exchange table (CuPy, JAX, Numba): through a keyword dict and a bound method in the
-//! limited API of Python 3.11, or, with the `vectorcall` feature (for a build whose wheel needs
-//! Python 3.12, whose limited API has it), through `PyObject_VectorcallMethod`, which makes
-//! neither: about 1,600 fewer instructions an import, measured on CPython 3.12.
+//! The producers' methods cubridge calls on every import: `obj.__dlpack__(max_version=...,
+//! stream=...)` on a producer without a usable exchange table (CuPy, JAX, Numba), and torch's
+//! `is_neg()` on every tensor. In the limited API of Python 3.11 through a bound method (and a
+//! keyword dict); with the `vectorcall` feature (for a build whose wheel needs Python 3.12,
+//! whose limited API has it) through `PyObject_VectorcallMethod`, which makes neither: about
+//! 1,600 fewer instructions a `__dlpack__` call, measured on CPython 3.12.
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -18,6 +19,30 @@ fn max_version(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
         PyTuple::new(py, MAX_VERSION_ASKED).map(Bound::unbind)
     })?;
     Ok(version.bind(py))
+}
+
+/// `obj.name()`.
+#[cfg(not(feature = "vectorcall"))]
+pub(super) fn call_method0<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, pyo3::types::PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    obj.call_method0(name)
+}
+
+/// `obj.name()`.
+#[cfg(feature = "vectorcall")]
+pub(super) fn call_method0<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, pyo3::types::PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let args = [obj.as_ptr()];
+    // SAFETY: `args` holds `obj`, the one positional argument; the GIL is held. The result is
+    // a new reference, or NULL with an exception set.
+    unsafe {
+        let ret = PyObject_VectorcallMethod(name.as_ptr(), args.as_ptr(), 1, std::ptr::null_mut());
+        Bound::from_owned_ptr_or_err(obj.py(), ret)
+    }
 }
 
 /// `obj.__dlpack__()` with `max_version` when `versioned` and `stream` when given.

@@ -2,7 +2,7 @@
 //! C exchange table, with the facts learned once per producer type; and the streams producers
 //! name (CuPy's current stream, the CUDA array interface's).
 
-use super::call::{call_dlpack, MAX_VERSION_ASKED};
+use super::call::{call_dlpack, call_method0, MAX_VERSION_ASKED};
 use super::exchange::WorkStreams;
 use super::values::numpy_generic;
 use super::{forbids_writes, is_capsule, is_numpy_ndarray, no_capsule, Imported};
@@ -271,7 +271,7 @@ fn table_belongs_to_protocol(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bo
 fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
     let py = obj.py();
     let set = |name| {
-        obj.call_method0(name)
+        call_method0(obj, name)
             .and_then(|v| v.is_truthy())
             .unwrap_or(false)
     };
