@@ -296,11 +296,10 @@ fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
 /// device that `obj.__dlpack_device__()` announced (`None` without one, and for CuPy's arrays,
 /// whose device is not asked: they are always CUDA memory, managed or not, and CuPy takes a
 /// stream for either, while its `__dlpack_device__` asks the driver about the pointer on every
-/// call). For producers without a usable
-/// exchange table (dlpark's import request would look for one first, an attribute lookup that
-/// raises and swallows an exception on every call for a type without one, and would consult
-/// one that may not be used), and for those that predate `max_version`, asked again the legacy
-/// way.
+/// call). For producers without a usable exchange table (dlpark's import request would look
+/// for one first, an attribute lookup that raises and swallows an exception on every call for
+/// a type without one, and would consult one that may not be used), and for those that predate
+/// `max_version`, asked again the legacy way.
 fn protocol_capsule<'py>(
     obj: &Bound<'py, PyAny>,
     facts: TypeFacts,
