@@ -862,6 +862,56 @@ def test_reader_waits_for_a_cupy_side_stream_producer():
     np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(r)), np.full(N, 10.0, np.float32))
 
 
+@needs_cupy
+def test_a_kept_cupy_view_orders_readers_after_its_side_stream_producer():
+    """from_dlpack hands CuPy the legacy default stream to order its pending work before, and
+    the view records that stream as its writer with no event yet: a reader on a non-blocking
+    stream must still wait for the producer's work."""
+    busy = cupy.RawKernel(
+        r"""extern "C" __global__ void busy(long long cycles) {
+            long long t0 = clock64(); while (clock64() - t0 < cycles) {} }""",
+        "busy",
+    )
+    a = cupy.zeros(N, dtype=cupy.float32)
+    cupy.cuda.Device().synchronize()
+    side = cupy.cuda.Stream(non_blocking=True)
+    mine = cb.cuda.Stream()
+    with side:
+        busy((1,), (1,), (np.int64(300_000_000),))
+        a.fill(5.0)
+        v = cb.from_dlpack(a)
+    r = cb.add(v, v, stream=mine)
+    mine.synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(cupy.asarray(r)), np.full(N, 10.0, np.float32))
+
+
+def test_a_kept_torch_view_orders_readers_after_its_side_stream_producer():
+    """from_dlpack of a torch tensor takes it through the exchange table with torch's current
+    stream as its writer (no ordering call at import): a reader on another stream waits."""
+    a = torch.zeros(N, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    mine = cb.cuda.Stream()
+    with torch.cuda.stream(side):
+        spin(0.1)
+        a.fill_(5.0)
+        v = cb.from_dlpack(a)
+    r = cb.add(v, v, stream=mine)
+    mine.synchronize()
+    assert torch.equal(torch.from_dlpack(r), torch.full((N,), 10.0, device="cuda"))
+
+
+@needs_cupy
+def test_cupy_managed_memory_comes_in_zero_copy():
+    """CuPy's managed arrays: CuPy's device is not asked (it is CUDA memory, managed or not),
+    and CuPy orders its work before the stream it is handed."""
+    with cupy.cuda.using_allocator(cupy.cuda.malloc_managed):
+        m = cupy.arange(6, dtype=cupy.float32) * 2
+    v = cb.from_dlpack(m)
+    assert v.data_ptr == m.data.ptr
+    np.testing.assert_array_equal(v.to_numpy(), np.arange(6, dtype=np.float32) * 2)
+
+
 def test_default_stream_is_the_producers_current_stream():
     a = torch.ones(N, device="cuda")
     side = torch.cuda.Stream()

@@ -379,6 +379,85 @@ def test_a_failing_dlpack_device_is_not_taken_for_a_host_producer():
         cb.from_dlpack(_DeviceFails())
 
 
+class _Bytes(bytearray):
+    """A buffer-protocol type whose instances may carry a ``__dlpack__`` of their own."""
+
+
+def test_dlpack_on_some_instances_of_a_type_only():
+    """What cubridge learns of a type once (whether it has ``__dlpack__``) must not hide an
+    instance attribute, nor lend one instance's protocol to another."""
+    plain = _Bytes(b"\x01\x02\x03\x04")
+    floats = np.array([1.5, -2.0], dtype=np.float32)
+    special = _Bytes(8)
+    special.__dlpack__ = lambda *, stream=None, max_version=None, **kw: floats.__dlpack__(
+        max_version=max_version
+    )
+    for obj, ref in [(plain, np.frombuffer(bytes(plain), np.uint8)), (special, floats)] * 2:
+        got = cb.from_dlpack(obj)
+        assert got.dtype == ref.dtype
+        np.testing.assert_array_equal(got.to_numpy(), ref)
+        np.testing.assert_array_equal(cb.add(obj, 0).to_numpy(), ref)
+
+
+class _NdarraySub(np.ndarray):
+    exports = 0
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        type(self).exports += 1
+        return np.asarray(self).__dlpack__(max_version=max_version)
+
+
+def test_numpy_subclasses_are_asked_through_their_own_dlpack():
+    """numpy's own arrays are read from numpy's array object, by one type comparison; a
+    subclass is not numpy's array and may export otherwise."""
+    ref = np.arange(5, dtype=np.float64)
+    sub = ref.view(_NdarraySub)
+    for _ in range(3):
+        assert cb.from_dlpack(ref).data_ptr == ref.ctypes.data
+        got = cb.from_dlpack(sub)
+        assert got.data_ptr == ref.ctypes.data
+        np.testing.assert_array_equal(got.to_numpy(), ref)
+        np.testing.assert_array_equal(cb.add(sub, ref).to_numpy(), ref + ref)
+    assert _NdarraySub.exports == 6
+
+
+def test_a_producer_class_changed_after_its_first_import_is_followed():
+    """Methods replaced on, removed from and put back on a producer's class after cubridge
+    has met the class: each import follows the class as it is now."""
+
+    class Morphing(bytearray):
+        pass
+
+    floats = np.array([1.0, 2.0], dtype=np.float32)
+    shorts = np.array([7, -8, 9], dtype=np.int16)
+
+    def as_floats(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        return floats.__dlpack__(max_version=max_version)
+
+    def as_shorts(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        return shorts.__dlpack__(max_version=max_version)
+
+    obj = Morphing(b"\x05\x06")
+    cases = [
+        (as_floats, floats),
+        (as_shorts, shorts),
+        (None, np.array([5, 6], np.uint8)),  # no __dlpack__: the buffer protocol
+        (as_floats, floats),
+    ]
+    for method, ref in cases:
+        if method is None:
+            del Morphing.__dlpack__
+        else:
+            Morphing.__dlpack__ = method
+        for _ in range(2):
+            got = cb.from_dlpack(obj)
+            assert got.dtype == ref.dtype
+            np.testing.assert_array_equal(got.to_numpy(), ref)
+            out = np.zeros_like(ref)
+            cb.add(obj, ref, out=out)
+            np.testing.assert_array_equal(out, ref + ref)
+
+
 def test_asarray_sequences_scalars_and_dtypes():
     assert cb.asarray([[1, 2], [3, 4]]).dtype == "int64"
     assert cb.asarray([1.5, 2]).dtype == "float32"

@@ -257,21 +257,26 @@ impl Layout {
         itemsize: usize,
     ) -> Result<Layout> {
         check_ndim(shape.len() as i64)?;
-        let mut dims = Dims::from_fn(shape.len(), |_| 0usize);
-        for ((axis, &d), to) in shape.iter().enumerate().zip(dims.iter_mut()) {
-            *to = usize::try_from(d).map_err(|_| {
-                Error::invalid(format!("shape[{axis}] is negative or too large: {d}"))
-            })?;
+        // Every value is checked before any is converted, so that the conversions below are
+        // exact and the layout is built in place (every import passes here).
+        if let Some((axis, &d)) = shape
+            .iter()
+            .enumerate()
+            .find(|(_, &d)| usize::try_from(d).is_err())
+        {
+            return Err(Error::invalid(format!(
+                "shape[{axis}] is negative or too large: {d}"
+            )));
         }
+        let dims = Dims::from_fn(shape.len(), |k| shape[k] as usize);
         let strides = match strides {
             None => c_strides_dims(&dims),
             Some(s) => {
                 check_strides_len(dims.len(), s.len())?;
-                let stride = |&v: &i64| {
-                    isize::try_from(v)
-                        .map_err(|_| Error::invalid(format!("stride {v} does not fit in isize")))
-                };
-                s.iter().map(stride).collect::<Result<_>>()?
+                if let Some(&v) = s.iter().find(|&&v| isize::try_from(v).is_err()) {
+                    return Err(Error::invalid(format!("stride {v} does not fit in isize")));
+                }
+                Dims::from_fn(s.len(), |k| s[k] as isize)
             }
         };
         let byte_offset = usize::try_from(byte_offset)

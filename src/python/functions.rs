@@ -373,15 +373,16 @@ pub fn add(
 /// dtype: it takes the other operand's), a numpy scalar or a 0-d numpy array (its own dtype,
 /// which promotes as an array's does, as in numpy). `None` for anything else.
 fn scalar_operand(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, Option<DType>)>> {
-    if obj.cast::<PyArray>().is_ok() {
+    if obj.cast_exact::<PyArray>().is_ok() {
         return Ok(None);
     }
-    if let Some(v) = python_scalar(obj)? {
-        return Ok(Some((v, None)));
-    }
+    // numpy's arrays first: they are the common operand, and known by one comparison.
     if super::import::is_numpy_ndarray(obj) {
         let value = super::import::ndarray::zero_d_value(obj);
         return Ok(value.map(|(v, d)| (v, Some(d))));
+    }
+    if let Some(v) = python_scalar(obj)? {
+        return Ok(Some((v, None)));
     }
     Ok(typed_numpy_scalar(obj)?.map(|(v, d)| (v, Some(d))))
 }

@@ -3,8 +3,8 @@
 //! (the public [`AnyArray`]).
 
 use super::import::{
-    current_stream, exchanged, import, lent_cai, python_scalar, type_name, typed_numpy_scalar,
-    Exchanged,
+    current_stream, exchanged, import, is_numpy_ndarray, lent_cai, python_scalar, type_name,
+    typed_numpy_scalar, Exchanged,
 };
 use super::stream::Use;
 use super::types::PyArray;
@@ -80,8 +80,9 @@ pub fn import_operands(
     let mut values: Vec<Option<Arg>> = Vec::with_capacity(objs.len());
     for (k, obj) in objs.iter().enumerate() {
         let value = match obj {
-            // cubridge's own arrays, the common case, are no scalars.
-            Some(o) if o.cast::<PyArray>().is_ok() => None,
+            // cubridge's and numpy's arrays, the common cases, are no scalars (a 0-d numpy
+            // array that is only read becomes a value below).
+            Some(o) if o.cast_exact::<PyArray>().is_ok() || is_numpy_ndarray(o) => None,
             None => None,
             Some(o) => match python_scalar(o)? {
                 Some(v) => Some(Arg::Value(v, None)),
@@ -163,7 +164,7 @@ pub(crate) fn take_arrays(
             continue;
         };
         // cubridge's and numpy's arrays (no producer's stream, never a copy) are read directly.
-        if let Ok(a) = obj.cast::<PyArray>() {
+        if let Ok(a) = obj.cast_exact::<PyArray>() {
             arrays[k] = Some(a.get().inner.clone());
             continue;
         }

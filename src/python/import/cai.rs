@@ -23,7 +23,7 @@ use pyo3::types::PyDict;
 /// `None` for anything else (an exchange-table producer, JAX's version-2 interface), which
 /// [`import`] answers, as it does an interface it cannot read.
 pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
-    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+    if obj.cast_exact::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
         return None;
     }
     let facts = type_facts(obj);

@@ -2,6 +2,7 @@
 //! C exchange table, with the facts learned once per producer type; and the streams producers
 //! name (CuPy's current stream, the CUDA array interface's).
 
+use super::call::{call_dlpack, call_method0, MAX_VERSION_ASKED};
 use super::exchange::WorkStreams;
 use super::values::numpy_generic;
 use super::{forbids_writes, is_capsule, is_numpy_ndarray, no_capsule, Imported};
@@ -18,7 +19,6 @@ use dlpark::python::{from_dlpack as dlpark_import, DlpackStream, ImportRequest, 
 use dlpark::DlpackFlags;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
 /// An array taken through its producer's DLPack C exchange table: one export, with the
 /// producer's current work stream (DLPack numbering, CUDA only), on which its data is ready. A
@@ -40,7 +40,7 @@ pub fn exchanged(
 ) -> Option<Exchanged> {
     // cubridge's arrays need no table, and numpy's come in through the buffer protocol (host
     // memory, no stream), which costs less than any table lookup.
-    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+    if obj.cast_exact::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
         return None;
     }
     let facts = type_facts(obj);
@@ -146,38 +146,57 @@ pub(super) struct TypeFacts {
     pub(super) immutable: bool,
     /// One of numpy's own scalar types.
     pub(super) numpy_scalar: bool,
+    /// numpy's array type itself (not a subclass).
+    pub(super) ndarray: bool,
 }
 
-/// `obj`'s type's [`TableUse`].
-fn exchange_table(obj: &Bound<'_, PyAny>) -> TableUse {
-    type_facts(obj).table
-}
+/// The types whose [`TypeFacts`] are known. The cache holds the types, so that an address is
+/// never reused for another.
+static FACTS: std::sync::Mutex<Vec<(Py<pyo3::types::PyType>, TypeFacts)>> =
+    std::sync::Mutex::new(Vec::new());
 
 /// `obj`'s type's [`TypeFacts`], decided once per type: each question costs an attribute lookup
 /// (one that fails with an exception, for a type without an exchange table) on every import.
-/// The cache holds the types, so that an address is never reused for another.
+/// Facts only spare lookups: where a class has changed since (a method removed), the import
+/// that finds out calls [`forget_type`], and an attribute an instance adds is looked up too.
 pub(super) fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
-    type Cache = Vec<(Py<pyo3::types::PyType>, TypeFacts)>;
-    static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(Vec::new());
     const MAX_TYPES: usize = 64;
-    let ty = obj.get_type();
+    // SAFETY: `obj` is a live object; its type pointer is compared, not dereferenced.
+    let ty_ptr = unsafe { pyo3::ffi::Py_TYPE(obj.as_ptr()) }.cast::<pyo3::ffi::PyObject>();
     {
-        let cache = crate::lock(&CACHE);
-        if let Some((_, facts)) = cache.iter().find(|(t, _)| t.is(&ty)) {
+        let cache = crate::lock(&FACTS);
+        if let Some((_, facts)) = cache.iter().find(|(t, _)| t.as_ptr() == ty_ptr) {
             return *facts;
         }
     }
+    let ty = obj.get_type();
+    let facts = learn_facts(&ty);
+    let mut cache = crate::lock(&FACTS);
+    if cache.len() < MAX_TYPES && !cache.iter().any(|(t, _)| t.is(&ty)) {
+        cache.push((ty.unbind(), facts));
+    }
+    facts
+}
+
+/// Forgets what [`type_facts`] learned of `obj`'s type, which has changed since.
+pub(super) fn forget_type(obj: &Bound<'_, PyAny>) {
+    let ty = obj.get_type();
+    crate::lock(&FACTS).retain(|(t, _)| !t.is(&ty));
+}
+
+/// What [`type_facts`] caches, asked of the type.
+fn learn_facts(ty: &Bound<'_, pyo3::types::PyType>) -> TypeFacts {
+    let py = ty.py();
     let table = if !ty
-        .hasattr(pyo3::intern!(obj.py(), "__dlpack_c_exchange_api__"))
+        .hasattr(pyo3::intern!(py, "__dlpack_c_exchange_api__"))
         .unwrap_or(false)
     {
         TableUse::Absent
-    } else if table_belongs_to_protocol(&ty).unwrap_or(false) {
+    } else if table_belongs_to_protocol(ty).unwrap_or(false) {
         TableUse::Usable
     } else {
         TableUse::Unusable
     };
-    let py = obj.py();
     let dlpack = ty.hasattr(pyo3::intern!(py, "__dlpack__")).unwrap_or(false);
     let cai = ty
         .hasattr(pyo3::intern!(py, "__cuda_array_interface__"))
@@ -187,24 +206,23 @@ pub(super) fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
         .unwrap_or(false);
     // jax.Array's implementation lives in jaxlib (`jaxlib._jax.ArrayImpl`; older jaxlibs call
     // the module `jaxlib.xla_extension`).
-    let immutable = ty.module().is_ok_and(|m| {
-        m.to_str()
-            .is_ok_and(|m| m == "jax" || m.starts_with("jax.") || m.starts_with("jaxlib"))
-    });
-    let cupy = ty.module().is_ok_and(|m| {
-        m.to_str()
-            .is_ok_and(|m| m == "cupy" || m.starts_with("cupy."))
-    });
+    let module = |test: fn(&str) -> bool| ty.module().is_ok_and(|m| m.to_str().is_ok_and(test));
+    let immutable = module(|m| m == "jax" || m.starts_with("jax.") || m.starts_with("jaxlib"));
+    let cupy = module(|m| m == "cupy" || m.starts_with("cupy."));
+    let ndarray = module(|m| m == "numpy")
+        && ty
+            .name()
+            .is_ok_and(|n| n.to_str().is_ok_and(|n| n == "ndarray"));
     let numpy_scalar = numpy_generic(py)
         .ok()
         .flatten()
         .is_some_and(|g| ty.is_subclass(g).unwrap_or(false));
     let api = if table == TableUse::Usable {
-        super::exchange::table_of(&ty)
+        super::exchange::table_of(ty)
     } else {
         0
     };
-    let facts = TypeFacts {
+    TypeFacts {
         table,
         api,
         dlpack,
@@ -213,12 +231,8 @@ pub(super) fn type_facts(obj: &Bound<'_, PyAny>) -> TypeFacts {
         grad,
         immutable,
         numpy_scalar,
-    };
-    let mut cache = crate::lock(&CACHE);
-    if cache.len() < MAX_TYPES && !cache.iter().any(|(t, _)| t.is(&ty)) {
-        cache.push((ty.unbind(), facts));
+        ndarray,
     }
-    facts
 }
 
 fn table_belongs_to_protocol(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bool> {
@@ -257,7 +271,7 @@ fn table_belongs_to_protocol(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bo
 fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
     let py = obj.py();
     let set = |name| {
-        obj.call_method0(name)
+        call_method0(obj, name)
             .and_then(|v| v.is_truthy())
             .unwrap_or(false)
     };
@@ -277,45 +291,27 @@ fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
     )
 }
 
-/// The `max_version` cubridge passes to `__dlpack__`: the newest DLPack it reads.
-const MAX_VERSION_ASKED: [u32; 2] = [1, 3];
-
 /// `obj.__dlpack__` called by cubridge itself, with `consumer` as the stream of a CUDA producer
 /// (cubridge numbers streams as DLPack does) and `max_version` when `versioned`, with the
-/// device that `obj.__dlpack_device__()` announced (`None` without one). For producers without a usable
-/// exchange table (dlpark's import request would look for one first, an attribute lookup that
-/// raises and swallows an exception on every call for a type without one, and would consult
-/// one that may not be used), and for those that predate `max_version`, asked again the legacy
-/// way.
+/// device that `obj.__dlpack_device__()` announced (`None` without one, and for CuPy's arrays,
+/// whose device is not asked: they are always CUDA memory, managed or not, and CuPy takes a
+/// stream for either, while its `__dlpack_device__` asks the driver about the pointer on every
+/// call). For producers without a usable exchange table (dlpark's import request would look
+/// for one first, an attribute lookup that raises and swallows an exception on every call for
+/// a type without one, and would consult one that may not be used), and for those that predate
+/// `max_version`, asked again the legacy way.
 fn protocol_capsule<'py>(
     obj: &Bound<'py, PyAny>,
+    facts: TypeFacts,
     consumer: Stream,
     versioned: bool,
 ) -> PyResult<(Bound<'py, PyAny>, Option<Announced>)> {
-    // A producer without `__dlpack_device__` (older ones) announces nothing; one whose
-    // `__dlpack_device__` fails gives its error, since the stream handed over depends on it.
-    let announced = match obj.getattr(pyo3::intern!(obj.py(), "__dlpack_device__")) {
-        Ok(method) => Some(method.call0()?.extract::<Announced>()?),
-        Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(obj.py()) => None,
-        Err(e) => return Err(e),
+    let announced = match facts.cupy {
+        true => None,
+        false => announced_device(obj)?,
     };
-    let on_cuda = announced.is_some_and(|(t, _)| t == DLDeviceType::CUDA.0);
-    let kwargs = pyo3::types::PyDict::new(obj.py());
-    if versioned {
-        // The version cubridge reads, as a tuple made once.
-        static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
-        let version = MAX_VERSION.get_or_try_init(obj.py(), || {
-            PyTuple::new(obj.py(), MAX_VERSION_ASKED).map(Bound::unbind)
-        })?;
-        kwargs.set_item(
-            pyo3::intern!(obj.py(), "max_version"),
-            version.bind(obj.py()),
-        )?;
-    }
-    if on_cuda {
-        kwargs.set_item(pyo3::intern!(obj.py(), "stream"), consumer.dlpack())?;
-    }
-    let capsule = obj.call_method(pyo3::intern!(obj.py(), "__dlpack__"), (), Some(&kwargs))?;
+    let on_cuda = facts.cupy || announced.is_some_and(|(t, _)| t == DLDeviceType::CUDA.0);
+    let capsule = call_dlpack(obj, versioned, on_cuda.then(|| consumer.dlpack()))?;
     if !is_capsule(&capsule) {
         return Err(no_capsule(&capsule));
     }
@@ -324,6 +320,17 @@ fn protocol_capsule<'py>(
 
 /// A device as `__dlpack_device__` announces it: DLPack's device type and ordinal.
 type Announced = (u32, i32);
+
+/// The device `obj.__dlpack_device__()` announces. A producer without `__dlpack_device__`
+/// (older ones) announces nothing; one whose `__dlpack_device__` fails gives its error, since
+/// the stream handed over depends on it.
+fn announced_device(obj: &Bound<'_, PyAny>) -> PyResult<Option<Announced>> {
+    match obj.getattr(pyo3::intern!(obj.py(), "__dlpack_device__")) {
+        Ok(method) => Ok(Some(method.call0()?.extract::<Announced>()?)),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(obj.py()) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
 
 /// Refuses a capsule on another device than its producer announced where that decided the
 /// stream handed over: a CUDA capsule whose producer was not asked to order its work before
@@ -352,10 +359,11 @@ fn check_announced(announced: Announced, actual: Device) -> PyResult<()> {
 /// again the legacy way.
 pub(super) fn import_dlpack(
     obj: &Bound<'_, PyAny>,
+    facts: TypeFacts,
     consumer: Stream,
     use_: Use,
 ) -> PyResult<Imported> {
-    import_dlpack_raw(obj, consumer, use_).map_err(|e| as_export_refusal(obj.py(), e))
+    import_dlpack_raw(obj, facts, consumer, use_).map_err(|e| as_export_refusal(obj.py(), e))
 }
 
 /// A plain `RuntimeError` out of a DLPack import is a refusal to export (DLPack's word for it
@@ -377,16 +385,21 @@ fn as_export_refusal(py: Python<'_>, e: PyErr) -> PyErr {
     )))
 }
 
-fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
+fn import_dlpack_raw(
+    obj: &Bound<'_, PyAny>,
+    facts: TypeFacts,
+    consumer: Stream,
+    use_: Use,
+) -> PyResult<Imported> {
     let py = obj.py();
     let consumer_stream = Consumer(consumer);
-    let table = exchange_table(obj);
+    let table = facts.table;
     let attempt = || -> PyResult<(ImportedDlpack, Option<Announced>)> {
         if is_capsule(obj) {
             return Ok((dlpark_import(obj.as_borrowed(), None, None)?, None));
         }
         if table != TableUse::Usable {
-            let (capsule, announced) = protocol_capsule(obj, consumer, true)?;
+            let (capsule, announced) = protocol_capsule(obj, facts, consumer, true)?;
             return Ok((dlpark_import(capsule.as_borrowed(), None, None)?, announced));
         }
         // A producer whose table could not serve (it refused, or the tensor has a lazy sign):
@@ -417,7 +430,8 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
     let (imported, announced) = match attempt() {
         Ok(imported) => imported,
         Err(e) if e.is_instance_of::<PyTypeError>(py) && !is_capsule(obj) => {
-            let (capsule, announced) = protocol_capsule(obj, consumer, false).map_err(|_| e)?;
+            let (capsule, announced) =
+                protocol_capsule(obj, facts, consumer, false).map_err(|_| e)?;
             (dlpark_import(capsule.as_borrowed(), None, None)?, announced)
         }
         Err(e) => return Err(e),
@@ -430,19 +444,18 @@ fn import_dlpack_raw(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyR
     if let Some(announced) = announced {
         check_announced(announced, array.device())?;
     }
+
     if table != TableUse::Absent {
         if let Some(refusal) = lazy_sign(obj, array.dtype().kind() == Kind::Complex) {
             return Err(refusal);
         }
     }
-    // The producer ordered its work before `consumer`; an event there lets later users of a
-    // kept view wait for it from any stream.
-    let array = match array.device() {
-        Device::Cuda(n) if use_ == Use::Kept => {
-            let event = crate::cuda::stream::Event::record(consumer, n)?;
-            array.with_pending(consumer, event)
-        }
-        _ => array,
+    // The producer ordered its work before `consumer`; a kept view records that stream as its
+    // writer, so that later users on any stream wait for it (on the legacy default stream, the
+    // usual one, the event is recorded only when such a user comes).
+    let array = match use_ {
+        Use::Kept => array.written_on(consumer)?,
+        Use::Immediate => array,
     };
     Ok(Imported { array, copied })
 }

@@ -4,6 +4,7 @@
 
 mod buffer;
 pub mod cai;
+mod call;
 mod dlpack;
 pub mod exchange;
 pub mod ndarray;
@@ -19,8 +20,8 @@ use crate::python::stream::Use;
 use crate::python::types::PyArray;
 pub use cai::lent_cai;
 pub use dlpack::{current_stream, exchanged, Exchanged};
-use dlpack::{import_dlpack, type_facts, TypeFacts};
-use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use dlpack::{forget_type, import_dlpack, type_facts, TypeFacts};
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 pub use values::{
     default_dtype, from_sequence, from_values, infer_dtype, is_sequence, numpy_default,
@@ -43,13 +44,15 @@ impl Imported {
     }
 }
 
-fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
+fn has_dlpack(obj: &Bound<'_, PyAny>, facts: TypeFacts) -> bool {
     // Producers define `__dlpack__` on their type (answered from the per-type cache, without
     // making a bound method); an instance attribute of that name is looked up as well.
-    type_facts(obj).dlpack
-        || obj
-            .hasattr(pyo3::intern!(obj.py(), "__dlpack__"))
-            .unwrap_or(false)
+    facts.dlpack || has_attr_dlpack(obj)
+}
+
+fn has_attr_dlpack(obj: &Bound<'_, PyAny>) -> bool {
+    obj.hasattr(pyo3::intern!(obj.py(), "__dlpack__"))
+        .unwrap_or(false)
 }
 
 fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
@@ -63,33 +66,54 @@ fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
 /// read-only ([`write_refusal`]). Errors with TypeError for anything else, numpy scalars of
 /// dtypes cubridge has not (datetime64, bytes_, ...) among them.
 pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
-    if let Ok(a) = obj.cast::<PyArray>() {
+    if let Ok(a) = obj.cast_exact::<PyArray>() {
         return Ok(Imported::zero_copy(a.get().inner.clone()));
     }
     if is_numpy_ndarray(obj) {
-        return import_any(obj, consumer, use_);
+        if let Some(array) = ndarray::import(obj) {
+            return Ok(Imported::zero_copy(array));
+        }
+        return import_any(obj, type_facts(obj), consumer, use_);
     }
     let facts = type_facts(obj);
     if facts.numpy_scalar {
         numpy_scalar_dtype(obj)?;
     }
-    let mut imported = import_any(obj, consumer, use_)?;
+    if use_ == Use::Kept {
+        if let Some((imported, _)) = kept_exchanged(obj)? {
+            return Ok(imported);
+        }
+    }
+    let mut imported = import_any(obj, facts, consumer, use_)?;
     if forbids_writes(obj, facts) {
         imported.array = imported.array.with_readonly(true);
     }
     Ok(imported)
 }
 
+/// `obj` through its producer's exchange table for a view kept for later, where the table
+/// serves: the memory recorded as written on the producer's current work stream (no ordering
+/// call at import, and no event at all on the legacy default stream until a consumer on
+/// another stream asks for one), with that stream.
+fn kept_exchanged(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Imported, Option<Stream>)>> {
+    let Some(Exchanged { imported, stream }) = exchanged(obj, Use::Kept, &mut Default::default())
+    else {
+        return Ok(None);
+    };
+    let array = match stream {
+        Some(s) => imported.array.written_on(s)?,
+        None => imported.array,
+    };
+    let copied = imported.copied;
+    Ok(Some((Imported { array, copied }, stream)))
+}
+
 /// `obj` as a kernel's argument that the caller keeps, imported by this copy of cubridge, with
 /// the producer's current work stream where it names one (the DLPack exchange table hands over
 /// its stream instead of ordering: an event there stands for the producer's pending work).
 pub fn kept(obj: &Bound<'_, PyAny>) -> PyResult<(Array, Option<Stream>)> {
-    if let Some(e) = exchanged(obj, Use::Kept, &mut Default::default()) {
-        let array = match e.stream {
-            Some(s) => e.imported.array.written_on(s)?,
-            None => e.imported.array,
-        };
-        return Ok((array, e.stream));
+    if let Some((imported, stream)) = kept_exchanged(obj)? {
+        return Ok((imported.array, stream));
     }
     Ok((
         import(obj, crate::cuda::stream::LEGACY, Use::Kept)?.array,
@@ -113,7 +137,7 @@ fn requires_grad(obj: &Bound<'_, PyAny>) -> bool {
 /// requires grad (as torch's own `__dlpack__` refuses it), ValueError for a JAX array.
 /// `what` names the operand.
 pub fn write_refusal(obj: &Bound<'_, PyAny>, what: &str) -> Option<PyErr> {
-    if obj.cast::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+    if obj.cast_exact::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
         return None;
     }
     let facts = type_facts(obj);
@@ -149,25 +173,39 @@ fn numpy_scalar_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     })
 }
 
-/// [`import`] without the read-only rule.
-fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
+/// [`import`] without the read-only rule, `facts` being those of `obj`'s type. numpy's own
+/// arrays (host memory, never a copy) are read from numpy's array object ([`ndarray::import`])
+/// before this, else through the buffer protocol here: either costs a fraction of its
+/// `__dlpack__` (a capsule, a managed tensor and a deleter per call). Whatever neither describes
+/// (byte-swapped or structured dtypes) takes the DLPack path, with its own answer.
+fn import_any(
+    obj: &Bound<'_, PyAny>,
+    facts: TypeFacts,
+    consumer: Stream,
+    use_: Use,
+) -> PyResult<Imported> {
     if is_numpy_ndarray(obj) {
-        // numpy's own arrays (host memory, never a copy) read from numpy's array object, else
-        // through the buffer protocol: either costs a fraction of its __dlpack__ (a capsule, a
-        // managed tensor and a deleter per call). Whatever neither describes (bfloat16,
-        // byte-swapped or structured dtypes) takes the DLPack path below, with its own answer.
-        if let Some(array) = ndarray::import(obj) {
-            return Ok(Imported::zero_copy(array));
-        }
         if let Ok(Some(array)) = buffer::import(obj) {
             return Ok(Imported::zero_copy(array));
         }
     }
-    if is_capsule(obj) || has_dlpack(obj) {
-        return match import_dlpack(obj, consumer, use_) {
+    let capsule = is_capsule(obj);
+    if capsule || has_dlpack(obj, facts) {
+        return match import_dlpack(obj, facts, consumer, use_) {
             Ok(imported) => Ok(imported),
+            // A type that no longer has the `__dlpack__` it had when its facts were learned
+            // (removed from the class): its facts are learned again, and the other
+            // protocols answer.
             Err(e)
-                if !is_capsule(obj)
+                if !capsule
+                    && e.is_instance_of::<PyAttributeError>(obj.py())
+                    && !has_attr_dlpack(obj) =>
+            {
+                forget_type(obj);
+                import_other(obj, consumer, use_)
+            }
+            Err(e)
+                if !capsule
                     && (e.is_instance_of::<PyBufferError>(obj.py())
                         || e.is_instance_of::<PyValueError>(obj.py())) =>
             {
@@ -176,6 +214,11 @@ fn import_any(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<I
             Err(e) => Err(e),
         };
     }
+    import_other(obj, consumer, use_)
+}
+
+/// `obj` through the CUDA array interface or the buffer protocol, or TypeError.
+fn import_other(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
     if let Some(array) = cai::import(obj, consumer, use_)? {
         return Ok(Imported::zero_copy(array));
     }
@@ -222,24 +265,25 @@ fn after_refused_dlpack(
         .unwrap_or(refusal))
 }
 
-/// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise).
+/// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise):
+/// one comparison of type pointers once numpy's array type has been met (every operand of
+/// every call asks), the per-type facts until then.
 pub fn is_numpy_ndarray(obj: &Bound<'_, PyAny>) -> bool {
-    static NDARRAY: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
-    let py = obj.py();
-    let ty = obj.get_type();
-    if let Some(nd) = NDARRAY.get(py) {
-        return ty.is(nd.bind(py));
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    static NDARRAY: AtomicPtr<pyo3::ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+    // SAFETY: `obj` is a live object; its type pointer is read, not dereferenced.
+    let ty = unsafe { pyo3::ffi::Py_TYPE(obj.as_ptr()) };
+    let known = NDARRAY.load(Ordering::Relaxed);
+    if !known.is_null() {
+        return ty == known;
     }
-    let is_ndarray = ty
-        .name()
-        .is_ok_and(|n| n.to_str().is_ok_and(|n| n == "ndarray"))
-        && ty
-            .module()
-            .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"));
-    if is_ndarray {
-        let _ = NDARRAY.set(py, ty.unbind());
+    if !type_facts(obj).ndarray {
+        return false;
     }
-    is_ndarray
+    // The strong reference taken here is never given back: numpy's array type then lives as
+    // long as the process, so its address never names another type.
+    NDARRAY.store(obj.get_type().into_ptr().cast(), Ordering::Relaxed);
+    true
 }
 
 /// Whether `obj` offers one of the ways cubridge reads an operand: a cubridge array, a Python
@@ -247,10 +291,10 @@ pub fn is_numpy_ndarray(obj: &Bound<'_, PyAny>) -> bool {
 /// interface, or the buffer protocol. What does not is refused by [`import`] with TypeError.
 pub fn readable(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = obj.py();
-    Ok(obj.cast::<PyArray>().is_ok()
+    Ok(obj.cast_exact::<PyArray>().is_ok()
         || python_scalar(obj)?.is_some()
         || is_capsule(obj)
-        || has_dlpack(obj)
+        || has_dlpack(obj, type_facts(obj))
         || obj.hasattr(pyo3::intern!(py, "__cuda_array_interface__"))?
         // SAFETY: PyObject_CheckBuffer only reads the object's type slots.
         || unsafe { pyo3::ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1)

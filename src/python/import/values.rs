@@ -181,15 +181,13 @@ pub fn numpy_default(value: Scalar) -> DType {
 /// attributes (cheaper than importing it as an array); `None` for anything else, and for
 /// dtypes cubridge does not have.
 pub fn typed_numpy_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, DType)>> {
+    // Whether the type is one of numpy's scalar types is known per type (an operand of every
+    // call is asked).
+    if !super::type_facts(obj).numpy_scalar {
+        return Ok(None);
+    }
     if let Some(known) = super::ndarray::builtin_scalar(obj) {
         return Ok(Some(known));
-    }
-    let py = obj.py();
-    let Some(generic) = numpy_generic(py)? else {
-        return Ok(None);
-    };
-    if !obj.is_instance(generic)? {
-        return Ok(None);
     }
     let value = numpy_value(obj)?;
     if let Some((_, dtype)) = value {
