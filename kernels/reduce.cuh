@@ -4,10 +4,10 @@
 // cb_reduce, cb_map and cb_post. The host mirrors CbRedShape and CbRedIn in
 // src/ops/reduction/params.rs: keep them in step.
 //
-// A reduction has n_out outputs of n_red elements each, split into `chunks` chunks of `chunk`
-// elements. A group of G threads (1, 32, or the block) reduces one (output, chunk) item: its
-// threads take packs of V elements in turn, each thread folding its elements in order from the
-// identity, then the group folds its threads' results in a fixed tree of warp shuffles (and
+// A reduction has n_out outputs of n_red elements each, split into `chunks` chunks. A group of
+// G threads (1, 32, or the block) reduces one (output, chunk) item: the threads of every chunk
+// of an output take packs of V elements in turn, each thread folding its elements in order from
+// the identity, then the group folds its threads' results in a fixed tree of warp shuffles (and
 // shared memory across warps). With one chunk the group writes the outputs; with more it writes
 // a partial result, and a second kernel folds each output's partials in order. No atomics: the
 // order of every operation depends on the shape, the dtypes and the device's size alone.
@@ -26,7 +26,6 @@ struct CbRedShape {
     long long n_out;
     long long n_red;
     long long chunks;
-    long long chunk;
 };
 
 // An element input: its strides over the kept and over the reduced dimensions.
@@ -91,61 +90,58 @@ __device__ __forceinline__ R group_fold(R s, unsigned char* shared) {
 // Packs each thread loads before it folds them (one reduced dimension): more bytes in flight.
 #define CBR_UNROLL 4
 
-// Folds elements [begin, end) of an output into s: the group's threads take packs of V in turn
-// (thread `lane` packs lane, lane + G, ...), each folding its elements in order, then the tail
-// one element at a time. VEC: packs loaded whole (unit strides, aligned); ONE: one reduced
-// dimension, whose offsets are multiplications, the loads unrolled; neither changes the order.
-template <typename Ops, int G, bool VEC, bool ONE>
+// Folds thread t's share of an output's n elements into s. The T threads of the output (its
+// group's in every chunk: t = chunk * G + lane) take packs of V in turn, thread t packs t,
+// t + T, ..., so that at any moment the device reads one window of neighbouring packs (no
+// stream of its own per chunk, whose like addresses would crowd the same memory channels);
+// each thread folds its elements in order, then the tail (fewer than V elements) one at a
+// time. VEC: packs loaded whole (unit strides, aligned); ONE: one reduced dimension, whose
+// offsets are multiplications, the loads unrolled; neither changes the order.
+template <typename Ops, bool VEC, bool ONE>
 __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename Ops::Item& it,
-                                                long long begin, long long end, int lane,
+                                                long long t, long long T, long long n,
                                                 typename Ops::R s) {
     constexpr int V = Ops::V;
     constexpr int U = ONE ? CBR_UNROLL : 1;
-    const long long packs = end > begin ? (end - begin) / V : 0;
-    for (long long q0 = lane; q0 < packs; q0 += (long long)G * U) {
+    const long long packs = n / V;
+    for (long long q0 = t; q0 < packs; q0 += T * U) {
         if constexpr (VEC) {
             typename Ops::Packs p[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const long long q = q0 + (long long)u * G;
-                if (q < packs) ops.load(p[u], it, begin + q * V);
-            }
+            for (int u = 0; u < U; ++u)
+                if (q0 + u * T < packs) ops.load(p[u], it, (q0 + u * T) * V);
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const long long q = q0 + (long long)u * G;
-                if (q < packs) ops.apply(s, p[u], begin + q * V);
-            }
+            for (int u = 0; u < U; ++u)
+                if (q0 + u * T < packs) ops.apply(s, p[u], (q0 + u * T) * V);
         } else if constexpr (ONE) {
             // The loads do not depend on s: the compiler issues them ahead of the folds.
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const long long q = q0 + (long long)u * G;
+                const long long q = q0 + u * T;
 #pragma unroll
                 for (int e = 0; e < V; ++e)
-                    if (q < packs) s = cb_reduce(s, ops.template at<true>(it, begin + q * V + e));
+                    if (q < packs) s = cb_reduce(s, ops.template at<true>(it, q * V + e));
             }
         } else {
 #pragma unroll 1
-            for (int e = 0; e < V; ++e)
-                s = cb_reduce(s, ops.template at<false>(it, begin + q0 * V + e));
+            for (int e = 0; e < V; ++e) s = cb_reduce(s, ops.template at<false>(it, q0 * V + e));
         }
     }
-    // The tail: fewer than V elements, lane + k * G for each thread; unrolled where offsets are
-    // multiplications (rows of 2 elements have nothing but a tail).
-    const long long tail = begin + packs * V + lane;
+    // The tail: elements packs * V + t + k * T; unrolled where offsets are multiplications
+    // (rows of 2 elements have nothing but a tail).
+    const long long tail = packs * V + t;
     if constexpr (ONE) {
 #pragma unroll
         for (int k = 0; k < V; ++k)
-            if (tail + (long long)k * G < end)
-                s = cb_reduce(s, ops.template at<true>(it, tail + (long long)k * G));
+            if (tail + k * T < n) s = cb_reduce(s, ops.template at<true>(it, tail + k * T));
     } else {
 #pragma unroll 1
-        for (long long j = tail; j < end; j += G) s = cb_reduce(s, ops.template at<false>(it, j));
+        for (long long j = tail; j < n; j += T) s = cb_reduce(s, ops.template at<false>(it, j));
     }
     return s;
 }
 
-// The first kernel: each output of the group's turn, in the chunk of the block's row.
+// The first kernel: each output of the group's turn, its share of the chunk of the block's row.
 template <typename Ops, int G, bool VEC>
 __device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
     typedef typename Ops::R R;
@@ -153,15 +149,14 @@ __device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* 
     const int lane = threadIdx.x % G;
     const long long per_block = blockDim.x / G;
     const long long c = blockIdx.y;  // the chunk: one row of blocks each
+    const long long t = c * G + lane, T = g.chunks * G;
     for (long long o = blockIdx.x * per_block + threadIdx.x / G; o < g.n_out;
          o += gridDim.x * per_block) {
         const typename Ops::Item it = ops.item(o);
-        const long long begin = c * g.chunk;
-        const long long end = begin + g.chunk < g.n_red ? begin + g.chunk : g.n_red;
         R s = cb_identity();
-        if constexpr (VEC) s = fold<Ops, G, true, true>(ops, it, begin, end, lane, s);
-        else if (g.red_ndim == 1) s = fold<Ops, G, false, true>(ops, it, begin, end, lane, s);
-        else s = fold<Ops, G, false, false>(ops, it, begin, end, lane, s);
+        if constexpr (VEC) s = fold<Ops, true, true>(ops, it, t, T, g.n_red, s);
+        else if (g.red_ndim == 1) s = fold<Ops, false, true>(ops, it, t, T, g.n_red, s);
+        else s = fold<Ops, false, false>(ops, it, t, T, g.n_red, s);
         s = group_fold<G>(s, shared);
         if (lane == 0) {
             if (g.chunks == 1) ops.post(it, s);

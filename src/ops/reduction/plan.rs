@@ -8,7 +8,9 @@
 //! - otherwise (columns): one thread per output element, neighbouring threads on neighbouring
 //!   columns;
 //! - where that leaves the device short of work, each output's elements are split into a fixed
-//!   number of chunks whose partial results a second kernel reduces in order.
+//!   number of chunks, a row of blocks each, whose threads take the output's packs in turn (so
+//!   the whole grid reads one window of neighbouring addresses at a time), and whose partial
+//!   results a second kernel reduces in order.
 //!
 //! Nothing in the plan depends on addresses, streams or timing but the choice of vector loads,
 //! which leaves the order of every operation as it is: the same shape, dtypes and device give
@@ -24,6 +26,8 @@ pub const BLOCK: u32 = 256;
 pub const FINAL_GROUP: u32 = 32;
 /// The most chunks an output's elements are split into (rows of blocks: at most 65535).
 const MAX_CHUNKS: usize = 4096;
+/// Packs a thread loads before it folds them (`CBR_UNROLL` in `kernels/reduce.cuh`).
+const UNROLL: usize = 4;
 /// Resident threads per SM that the split aims to fill.
 const THREADS_PER_SM: usize = 2048;
 
@@ -46,10 +50,9 @@ pub struct ReductionPlan {
     pub n_red: usize,
     /// Threads that reduce one output element (1, 32 or 256).
     pub group: u32,
-    /// Chunks each output's elements are split into (1: no second kernel).
+    /// Chunks each output's elements are split into (1: no second kernel), their threads
+    /// taking the output's packs in turn.
     pub chunks: usize,
-    /// Elements per chunk, a multiple of the pack.
-    pub chunk: usize,
     /// Whether the kernel moves packs of `width` elements (same order of operations).
     pub vector: bool,
 }
@@ -96,7 +99,7 @@ impl ReductionPlan {
         let (n_out, n_red) = (kept.iter().product(), red.iter().product());
         let unit_red = red.len() == 1 && in_red.iter().all(|s| s[0] == 1);
         let unit_kept = kept_strides.first().is_none_or(|s| s[s.len() - 1] == 1);
-        let (group, chunks, chunk) = strategy(n_out, n_red, (unit_red, unit_kept), width, sms);
+        let (group, chunks) = strategy(n_out, n_red, (unit_red, unit_kept), width, sms);
         let aligned = walk.inputs.iter().zip(&kept_strides).all(|(o, s)| {
             o.address % (width * o.itemsize) == 0 && s.iter().all(|&k| k % width as isize == 0)
         });
@@ -111,7 +114,6 @@ impl ReductionPlan {
             n_red,
             group,
             chunks,
-            chunk,
         })
     }
 }
@@ -145,16 +147,16 @@ fn group(
     Ok((extents, strides))
 }
 
-/// The threads per output (`group`), the chunks and the elements per chunk for `n_out` outputs
-/// of `n_red` elements each, where the reduced dimension has unit stride (`unit_red`) or the
-/// innermost kept one has (`unit_kept`); `width` elements per pack, `sms` multiprocessors.
+/// The threads per output (`group`) and the chunks for `n_out` outputs of `n_red` elements
+/// each, where the reduced dimension has unit stride (`unit_red`) or the innermost kept one has
+/// (`unit_kept`); `width` elements per pack, `sms` multiprocessors.
 pub fn strategy(
     n_out: usize,
     n_red: usize,
     (unit_red, unit_kept): (bool, bool),
     width: usize,
     sms: usize,
-) -> (u32, usize, usize) {
+) -> (u32, usize) {
     let wide = |n: usize| if n <= 4096 { 32 } else { BLOCK };
     // Columns take a thread each, neighbours on neighbouring columns, where there are enough of
     // them to fill a warp; fewer columns take a group each (the rows they share come from the
@@ -166,25 +168,20 @@ pub fn strategy(
         _ => wide(n_red),
     };
     let resident = sms.max(1) * THREADS_PER_SM;
-    // Split where the outputs alone would leave most of the device idle, or half of it for
-    // work large enough that a second kernel's launch costs little beside it; then fill the
-    // device. A chunk keeps every thread of its group busy for a few packs at least.
+    // Split where the outputs alone would leave most of the device idle, or, for work large
+    // enough that a second kernel's launch costs little beside it, three quarters of it (a
+    // quarter of its threads, each with CBR_UNROLL packs in flight, keep the memory busy);
+    // then fill the device. Every thread of a chunk takes CBR_UNROLL packs at least; small
+    // work (a few blocks' worth) takes one launch whatever it leaves idle.
     let busy = n_out.saturating_mul(group as usize);
-    let large = n_out.saturating_mul(n_red) >= 1 << 22;
-    let least = (group as usize * width * 4).max(256);
-    let wanted = match busy < resident / 16 || (large && busy < resident / 2) {
+    let work = n_out.saturating_mul(n_red);
+    let split = busy < resident / 16 || (work >= 1 << 22 && busy < resident / 4);
+    let wanted = match split && work >= 1 << 16 {
         true => (resident / group as usize).div_ceil(n_out.max(1)),
         false => 1,
     };
-    // Small work (a few blocks' worth) takes one launch whatever it leaves idle.
-    let wanted = if n_out.saturating_mul(n_red) < 1 << 16 {
-        1
-    } else {
-        wanted
-    };
-    let chunks = wanted.min(n_red / least).clamp(1, MAX_CHUNKS);
-    let chunk = n_red.div_ceil(chunks).next_multiple_of(width).max(width);
-    (group, n_red.div_ceil(chunk).max(1), chunk)
+    let least = group as usize * width * UNROLL;
+    (group, wanted.min(n_red / least).clamp(1, MAX_CHUNKS))
 }
 
 #[cfg(test)]
@@ -222,7 +219,7 @@ mod tests {
             (p.in_kept[0].clone(), p.in_red[0].clone()),
             (vec![1], vec![4096])
         );
-        assert!(!p.vector && p.chunks >= 1 && p.chunks * p.chunk >= 1000);
+        assert!(!p.vector && p.chunks > 1 && p.chunks * 4 * UNROLL <= 1000);
         // Everything: one output, merged into one run of blocks, split across the device.
         let p = ReductionPlan::new(&walk(&[0, 1], &[]), false, true, 4, 132).unwrap();
         assert_eq!(
@@ -230,7 +227,7 @@ mod tests {
             (vec![1], vec![4096 * 1000])
         );
         assert_eq!(p.group, BLOCK);
-        assert!(p.chunks > 100 && (p.chunks - 1) * p.chunk < 4096 * 1000);
+        assert!(p.chunks > 100 && p.chunks * 256 * 4 * UNROLL <= 4096 * 1000);
         // A misaligned view keeps the order of operations, without packs.
         let shifted = [op(&x, 260)];
         let w = Walk {
@@ -239,7 +236,7 @@ mod tests {
         };
         let q = ReductionPlan::new(&w, false, true, 4, 132).unwrap();
         assert!(!q.vector);
-        assert_eq!((q.group, q.chunks, q.chunk), (p.group, p.chunks, p.chunk));
+        assert_eq!((q.group, q.chunks), (p.group, p.chunks));
     }
 
     #[test]
@@ -279,24 +276,35 @@ mod tests {
     #[test]
     fn large_columns_fill_the_device_and_small_work_takes_one_launch() {
         // 2^15 columns of 2^15: one thread each would keep an eighth of 132 SMs busy.
-        let (group, chunks, _) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
+        let (group, chunks) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
         assert_eq!(group, 1);
         assert!(chunks * (1 << 15) >= 132 * THREADS_PER_SM);
         // Four columns of 2^18: a group each, split into chunks.
-        let (group, chunks, _) = strategy(4, 1 << 18, (false, true), 4, 132);
+        let (group, chunks) = strategy(4, 1 << 18, (false, true), 4, 132);
         assert!(group > 1 && chunks > 1);
         // 1024 rows of 1024: a warp each, one launch; so for a small array summed whole.
-        assert_eq!(strategy(1024, 1024, (true, true), 4, 132), (32, 1, 1024));
-        assert_eq!(strategy(1, 1024, (true, true), 4, 132), (32, 1, 1024));
+        assert_eq!(strategy(1024, 1024, (true, true), 4, 132), (32, 1));
+        assert_eq!(strategy(1, 1024, (true, true), 4, 132), (32, 1));
+    }
+
+    #[test]
+    fn a_million_columns_or_rows_keep_the_device_busy_in_as_few_launches_as_needed() {
+        // 1024 columns of 1024: 4 blocks of a thread a column; chunks give every SM a block.
+        let (group, chunks) = strategy(1024, 1024, (false, true), 4, 132);
+        assert_eq!(group, 1);
+        assert!(1024 / BLOCK as usize * chunks >= 132, "{chunks}");
+        // 4096 rows of 4096 elements: a warp a row holds a quarter of the device, each lane with
+        // several packs in flight: one launch.
+        assert_eq!(strategy(4096, 4096, (true, true), 4, 132), (32, 1));
     }
 
     #[test]
     fn the_split_depends_on_the_shape_and_the_device_only() {
         for sms in [1, 80, 132] {
             for (n_out, n_red) in [(1, 1 << 30), (16, 1 << 26), (1 << 20, 2), (7, 0)] {
-                let (g, chunks, chunk) = strategy(n_out, n_red, (true, true), 4, sms);
-                assert!((1..=MAX_CHUNKS).contains(&chunks) && chunk % 4 == 0, "{g}");
-                assert!(chunks * chunk >= n_red && (chunks - 1) * chunk < n_red.max(1));
+                let (g, chunks) = strategy(n_out, n_red, (true, true), 4, sms);
+                assert!((1..=MAX_CHUNKS).contains(&chunks), "{g}");
+                assert!(chunks == 1 || chunks * g as usize * 4 * UNROLL <= n_red);
             }
         }
     }

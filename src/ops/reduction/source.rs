@@ -279,9 +279,11 @@ mod compile_tests {
     use super::*;
 
     pub(crate) fn compiles(p: &Program) {
-        let key = format!("test_{}_{}", p.name, std::process::id());
-        if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &p.options) {
-            panic!("{}: {e}\n{}", p.name, p.source);
+        for arch in [80, 90] {
+            let key = format!("test_{}_{arch}_{}", p.name, std::process::id());
+            if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, arch, &p.options) {
+                panic!("{} (sm_{arch}): {e}\n{}", p.name, p.source);
+            }
         }
     }
 
