@@ -13,9 +13,10 @@
 // order of every operation depends on the shape, the dtypes and the device's size alone.
 //
 // Ops gives: R (the reduce type), V, Item and item(o) (an output's offsets), at<ONE>(it, j) (the
-// mapped value of element j; ONE: of one reduced dimension), Packs, load(p, it, j) and
-// apply(s, p, j) (V elements from unit strides, mapped and folded in order), and post(it, a)
-// (the post-map into the outputs).
+// mapped value of element j; ONE: of one reduced dimension), Packs, load<ROW>(p, it, j) and
+// apply(s, p, j) (V elements from unit strides, mapped and folded in order; ROW: the elements
+// of row j of V neighbouring outputs, which apply_each(s, p, j) folds into each one's s[e]),
+// and post(it, a) (the post-map into the outputs).
 
 // The loop's kept and reduced extents, innermost last, and the split.
 struct CbRedShape {
@@ -109,7 +110,7 @@ __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename O
             typename Ops::Packs p[U];
 #pragma unroll
             for (int u = 0; u < U; ++u)
-                if (q0 + u * T < packs) ops.load(p[u], it, (q0 + u * T) * V);
+                if (q0 + u * T < packs) ops.template load<false>(p[u], it, (q0 + u * T) * V);
 #pragma unroll
             for (int u = 0; u < U; ++u)
                 if (q0 + u * T < packs) ops.apply(s, p[u], (q0 + u * T) * V);
@@ -141,9 +142,62 @@ __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename O
     return s;
 }
 
-// The first kernel: each output of the group's turn, its share of the chunk of the block's row.
+// Folds thread t's share of n rows into the V neighbouring outputs of `it` (one thread each,
+// G == 1; unit strides along the outputs, aligned): the rows of the one-thread fold in its
+// order (packs of V rows t, t + T, ..., then the tail), each row loaded as one pack of V
+// outputs' elements, so a warp's loads are 32 packs side by side.
+template <typename Ops>
+__device__ __forceinline__ void fold_columns(const Ops& ops, const typename Ops::Item& it,
+                                             long long t, long long T, long long n,
+                                             typename Ops::R* s) {
+    constexpr int V = Ops::V;
+    const long long packs = n / V;
+    for (long long q = t; q < packs; q += T) {
+        typename Ops::Packs p[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) ops.template load<true>(p[e], it, q * V + e);
+#pragma unroll
+        for (int e = 0; e < V; ++e) ops.apply_each(s, p[e], q * V + e);
+    }
+    const long long tail = packs * V + t;
+#pragma unroll 1
+    for (long long j = tail; j < n; j += T) {
+        typename Ops::Packs p;
+        ops.template load<true>(p, it, j);
+        ops.apply_each(s, p, j);
+    }
+}
+
+// The first kernel for columns in packs (G == 1, VEC): V neighbouring outputs a thread. A
+// block's X threads along the outputs are the fewest powers of two that cover them (up to the
+// block); its Y = blockDim.x / X rows of threads take Y chunks (the host launches
+// ceil(chunks / Y) rows of blocks), so that few columns still fill the blocks.
+template <typename Ops>
+__device__ __forceinline__ void pass_columns(const Ops& ops, const CbRedShape& g, void* partial) {
+    typedef typename Ops::R R;
+    constexpr int V = Ops::V;
+    int X = 1;
+    while (X < (int)blockDim.x && X < g.n_out / V) X *= 2;
+    const long long c = blockIdx.y * (long long)(blockDim.x / X) + threadIdx.x / X;
+    if (c >= g.chunks) return;
+    for (long long o = (blockIdx.x * (long long)X + threadIdx.x % X) * V; o < g.n_out;
+         o += (long long)gridDim.x * X * V) {
+        R s[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) s[e] = cb_identity();
+        fold_columns<Ops>(ops, ops.item(o), c, g.chunks, g.n_red, s);
+#pragma unroll 1
+        for (int e = 0; e < V; ++e) {
+            if (g.chunks == 1) ops.post(ops.item(o + e), s[e]);
+            else static_cast<R*>(partial)[(o + e) * g.chunks + c] = s[e];
+        }
+    }
+}
+
+// The first kernel for groups: each output of the group's turn, its share of the chunk of the
+// block's row.
 template <typename Ops, int G, bool VEC>
-__device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
+__device__ __forceinline__ void pass_groups(const Ops& ops, const CbRedShape& g, void* partial) {
     typedef typename Ops::R R;
     __shared__ __align__(16) unsigned char shared[(G > 32 ? G / 32 : 1) * sizeof(R)];
     const int lane = threadIdx.x % G;
@@ -163,6 +217,13 @@ __device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* 
             else static_cast<R*>(partial)[o * g.chunks + c] = s;
         }
     }
+}
+
+// The first kernel: columns in packs where G is 1 and the loads are packs, else groups.
+template <typename Ops, int G, bool VEC>
+__device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
+    if constexpr (G == 1 && VEC) pass_columns<Ops>(ops, g, partial);
+    else pass_groups<Ops, G, VEC>(ops, g, partial);
 }
 
 // The second kernel: each output's partials folded by a group of G threads, in order.

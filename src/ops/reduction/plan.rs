@@ -6,7 +6,8 @@
 //!   256 threads per output element, moving packs of 16 bytes where the addresses allow; rows of
 //!   at most 16 elements one thread each;
 //! - otherwise (columns): one thread per output element, neighbouring threads on neighbouring
-//!   columns;
+//!   columns, or where the columns are contiguous and aligned, one thread per pack of 16 bytes
+//!   of neighbouring columns (each column's elements in the same order);
 //! - where that leaves the device short of work, each output's elements are split into a fixed
 //!   number of chunks, a row of blocks each, whose threads take the output's packs in turn (so
 //!   the whole grid reads one window of neighbouring addresses at a time), and whose partial
@@ -55,6 +56,9 @@ pub struct ReductionPlan {
     pub chunks: usize,
     /// Whether the kernel moves packs of `width` elements (same order of operations).
     pub vector: bool,
+    /// Outputs a thread reduces: 1, or with one thread an output (`group` 1) and packs, the
+    /// elements' width (columns in packs, in the same order as one at a time).
+    pub per_thread: usize,
 }
 
 /// What a reduction reads and writes, over the input's broadcast `shape`.
@@ -99,12 +103,33 @@ impl ReductionPlan {
         let (n_out, n_red) = (kept.iter().product(), red.iter().product());
         let unit_red = red.len() == 1 && in_red.iter().all(|s| s[0] == 1);
         let unit_kept = kept_strides.first().is_none_or(|s| s[s.len() - 1] == 1);
-        let (group, chunks) = strategy(n_out, n_red, (unit_red, unit_kept), width, sms);
-        let aligned = walk.inputs.iter().zip(&kept_strides).all(|(o, s)| {
-            o.address % (width * o.itemsize) == 0 && s.iter().all(|&k| k % width as isize == 0)
-        });
+        let (group, mut chunks) = strategy(n_out, n_red, (unit_red, unit_kept), width, sms);
+        // Packs start at aligned addresses: the first elements' are, and the kept strides are
+        // multiples of the pack (but the innermost for columns, whose threads take packs of it).
+        let aligned = |inner: usize| {
+            walk.inputs.iter().zip(&kept_strides).all(|(o, s)| {
+                let outer = &s[..s.len() - inner];
+                o.address % (width * o.itemsize) == 0
+                    && outer.iter().all(|&k| k % width as isize == 0)
+            })
+        };
+        // Columns in packs: every element input has unit strides along the outputs, whose
+        // innermost extent the pack divides, and its rows at aligned addresses. The split
+        // is that of the packs whatever the addresses, so that the order stays theirs.
+        let columns = width > 1
+            && group == 1
+            && red.len() == 1
+            && kept.last().is_some_and(|&k| k % width == 0)
+            && (kept_strides[..nin].iter()).all(|s| s.last() == Some(&1))
+            && in_red.iter().all(|s| s[0] % width as isize == 0);
+        if columns {
+            let work = n_out.saturating_mul(n_red);
+            chunks = split(n_out / width, work, n_red / (2 * width), sms);
+        }
+        let per_thread = if columns && aligned(1) { width } else { 1 };
         Ok(ReductionPlan {
-            vector: group > 1 && width > 1 && unit_red && aligned,
+            vector: width > 1 && (group > 1 && unit_red && aligned(0) || per_thread > 1),
+            per_thread,
             out_kept: kept_strides[nin..].to_vec(),
             in_kept: kept_strides[..nin].to_vec(),
             kept,
@@ -167,21 +192,25 @@ pub fn strategy(
         _ if unit_kept && n_out >= 32 => 1,
         _ => wide(n_red),
     };
-    let resident = sms.max(1) * THREADS_PER_SM;
     // Split where the outputs alone would leave most of the device idle, or, for work large
     // enough that a second kernel's launch costs little beside it, three quarters of it (a
     // quarter of its threads, each with CBR_UNROLL packs in flight, keep the memory busy);
     // then fill the device. Every thread of a chunk takes CBR_UNROLL packs at least; small
     // work (a few blocks' worth) takes one launch whatever it leaves idle.
     let busy = n_out.saturating_mul(group as usize);
-    let work = n_out.saturating_mul(n_red);
-    let split = busy < resident / 16 || (work >= 1 << 22 && busy < resident / 4);
-    let wanted = match split && work >= 1 << 16 {
-        true => (resident / group as usize).div_ceil(n_out.max(1)),
+    let most = n_red / (group as usize * width * UNROLL);
+    (group, split(busy, n_out.saturating_mul(n_red), most, sms))
+}
+
+/// The chunks for `busy` threads (before the split) over `work` elements, at most `most`.
+fn split(busy: usize, work: usize, most: usize, sms: usize) -> usize {
+    let resident = sms.max(1) * THREADS_PER_SM;
+    let short = busy < resident / 16 || (work >= 1 << 22 && busy < resident / 4);
+    let wanted = match short && work >= 1 << 16 {
+        true => resident.div_ceil(busy.max(1)),
         false => 1,
     };
-    let least = group as usize * width * UNROLL;
-    (group, wanted.min(n_red / least).clamp(1, MAX_CHUNKS))
+    wanted.min(most).clamp(1, MAX_CHUNKS)
 }
 
 #[cfg(test)]
@@ -212,14 +241,22 @@ mod tests {
         let p = ReductionPlan::new(&walk(&[1], &out), false, true, 4, 132).unwrap();
         assert_eq!((p.n_out, p.n_red, p.group, p.chunks), (1000, 4096, 32, 1));
         assert!(p.vector);
-        // Over its columns: a thread a column, split into chunks for 132 SMs.
+        // Over its columns: a thread a pack of 4 columns, split into chunks for 132 SMs; a
+        // misaligned view takes a column a thread, in the same chunks.
         let p = ReductionPlan::new(&walk(&[0], &[&[1]]), false, true, 4, 132).unwrap();
         assert_eq!((p.n_out, p.n_red, p.group), (4096, 1000, 1));
         assert_eq!(
             (p.in_kept[0].clone(), p.in_red[0].clone()),
             (vec![1], vec![4096])
         );
-        assert!(!p.vector && p.chunks > 1 && p.chunks * 4 * UNROLL <= 1000);
+        assert!(p.vector && p.per_thread == 4 && p.chunks > 1 && p.chunks * 4 * 2 <= 1000);
+        let shifted = [op(&x, 260)];
+        let w = Walk {
+            inputs: &shifted,
+            ..walk(&[0], &[&[1]])
+        };
+        let q = ReductionPlan::new(&w, false, true, 4, 132).unwrap();
+        assert_eq!((q.vector, q.per_thread, q.chunks), (false, 1, p.chunks));
         // Everything: one output, merged into one run of blocks, split across the device.
         let p = ReductionPlan::new(&walk(&[0, 1], &[]), false, true, 4, 132).unwrap();
         assert_eq!(
