@@ -103,7 +103,9 @@ __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename O
                                                 long long t, long long T, long long n,
                                                 typename Ops::R s) {
     constexpr int V = Ops::V;
-    constexpr int U = ONE ? CBR_UNROLL : 1;
+    // Elements in flight: CBR_UNROLL packs, or one at a time about 16 (fewer unrolled loads of
+    // narrow types compile faster and keep as many bytes in flight).
+    constexpr int U = !ONE ? 1 : VEC || V <= 4 ? CBR_UNROLL : (V < 16 ? 16 / V : 1);
     const long long packs = n / V;
     for (long long q0 = t; q0 < packs; q0 += T * U) {
         if constexpr (VEC) {
