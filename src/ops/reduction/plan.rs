@@ -2,9 +2,10 @@
 //! each) and reduced ones, each group reordered and merged where the layouts allow, and the
 //! strategy of the kernel (`kernels/reduce.cuh`) chosen from the shape alone:
 //!
-//! - a reduced dimension of unit stride (rows, and whole contiguous arrays): a group of 32 or
-//!   256 threads per output element, moving packs of 16 bytes where the addresses allow; rows of
-//!   at most 16 elements one thread each;
+//! - a reduced dimension of unit stride (rows, and whole contiguous arrays): a warp per output
+//!   element (rows of a few thousand elements, or enough rows to fill the device with warps),
+//!   else a block of 256 threads, moving packs of 16 bytes where the addresses allow; rows of at
+//!   most 16 elements one thread each;
 //! - otherwise (columns): one thread per output element, neighbouring threads on neighbouring
 //!   columns, or where the columns are contiguous and aligned, one thread per pack of 16 bytes
 //!   of neighbouring columns (each column's elements in the same order);
@@ -182,7 +183,14 @@ pub fn strategy(
     width: usize,
     sms: usize,
 ) -> (u32, usize) {
-    let wide = |n: usize| if n <= 4096 { 32 } else { BLOCK };
+    // A warp an output where it has a few thousand elements or there are enough outputs to
+    // fill the device with warps (each streams its row, with no block-wide step between rows);
+    // else the block.
+    let resident = sms.max(1) * THREADS_PER_SM;
+    let wide = |n: usize| match n <= 4096 || n_out.saturating_mul(32) >= resident {
+        true => 32,
+        false => BLOCK,
+    };
     // Columns take a thread each, neighbours on neighbouring columns, where there are enough of
     // them to fill a warp; fewer columns take a group each (the rows they share come from the
     // cache).
@@ -325,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn a_million_columns_or_rows_keep_the_device_busy_in_as_few_launches_as_needed() {
+    fn columns_and_rows_keep_the_device_busy_in_as_few_launches_as_needed() {
         // 1024 columns of 1024: 4 blocks of a thread a column; chunks give every SM a block.
         let (group, chunks) = strategy(1024, 1024, (false, true), 4, 132);
         assert_eq!(group, 1);
@@ -333,6 +341,10 @@ mod tests {
         // 4096 rows of 4096 elements: a warp a row holds a quarter of the device, each lane with
         // several packs in flight: one launch.
         assert_eq!(strategy(4096, 4096, (true, true), 4, 132), (32, 1));
+        // 16384 rows of 16384: enough warps to fill the device, a warp a row.
+        assert_eq!(strategy(16384, 16384, (true, true), 4, 132), (32, 1));
+        // 1024 rows of 2^18: a block a row.
+        assert_eq!(strategy(1024, 1 << 18, (true, true), 4, 132).0, BLOCK);
     }
 
     #[test]
