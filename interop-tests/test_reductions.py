@@ -301,6 +301,8 @@ CUDA_CASES = {
     "tiny rows": ((100_000, 2), -1),
     "columns": ((1000, 300), 0),
     "few columns": ((1 << 18, 4), 0),
+    "column packs": ((1003, 256), 0),
+    "few column packs": ((1 << 16, 32), 0),
     "middle": ((6, 50, 7), 1),
     "two axes": ((6, 50, 7), (0, 2)),
 }
@@ -380,7 +382,7 @@ def test_cuda_nan_propagates_and_arg_takes_the_first():
 
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("shape", [(1 << 22,), (64, 1 << 16), (1 << 16, 64)])
+@pytest.mark.parametrize("shape", [(1 << 22,), (64, 1 << 16), (1 << 16, 64), (4099, 32)])
 def test_the_same_input_gives_the_same_bits_on_any_run_stream_or_alignment(shape):
     n = int(np.prod(shape))
     buf = torch.randn(n + 4, device="cuda")

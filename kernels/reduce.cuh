@@ -4,18 +4,19 @@
 // cb_reduce, cb_map and cb_post. The host mirrors CbRedShape and CbRedIn in
 // src/ops/reduction/params.rs: keep them in step.
 //
-// A reduction has n_out outputs of n_red elements each, split into `chunks` chunks of `chunk`
-// elements. A group of G threads (1, 32, or the block) reduces one (output, chunk) item: its
-// threads take packs of V elements in turn, each thread folding its elements in order from the
-// identity, then the group folds its threads' results in a fixed tree of warp shuffles (and
+// A reduction has n_out outputs of n_red elements each, split into `chunks` chunks. A group of
+// G threads (1, 32, or the block) reduces one (output, chunk) item: the threads of every chunk
+// of an output take packs of V elements in turn, each thread folding its elements in order from
+// the identity, then the group folds its threads' results in a fixed tree of warp shuffles (and
 // shared memory across warps). With one chunk the group writes the outputs; with more it writes
 // a partial result, and a second kernel folds each output's partials in order. No atomics: the
 // order of every operation depends on the shape, the dtypes and the device's size alone.
 //
 // Ops gives: R (the reduce type), V, Item and item(o) (an output's offsets), at<ONE>(it, j) (the
-// mapped value of element j; ONE: of one reduced dimension), Packs, load(p, it, j) and
-// apply(s, p, j) (V elements from unit strides, mapped and folded in order), and post(it, a)
-// (the post-map into the outputs).
+// mapped value of element j; ONE: of one reduced dimension), Packs, load<ROW>(p, it, j) and
+// apply(s, p, j) (V elements from unit strides, mapped and folded in order; ROW: the elements
+// of row j of V neighbouring outputs, which apply_each(s, p, j) folds into each one's s[e]),
+// and post(it, a) (the post-map into the outputs).
 
 // The loop's kept and reduced extents, innermost last, and the split.
 struct CbRedShape {
@@ -26,7 +27,6 @@ struct CbRedShape {
     long long n_out;
     long long n_red;
     long long chunks;
-    long long chunk;
 };
 
 // An element input: its strides over the kept and over the reduced dimensions.
@@ -91,83 +91,141 @@ __device__ __forceinline__ R group_fold(R s, unsigned char* shared) {
 // Packs each thread loads before it folds them (one reduced dimension): more bytes in flight.
 #define CBR_UNROLL 4
 
-// Folds elements [begin, end) of an output into s: the group's threads take packs of V in turn
-// (thread `lane` packs lane, lane + G, ...), each folding its elements in order, then the tail
-// one element at a time. VEC: packs loaded whole (unit strides, aligned); ONE: one reduced
-// dimension, whose offsets are multiplications, the loads unrolled; neither changes the order.
-template <typename Ops, int G, bool VEC, bool ONE>
+// Folds thread t's share of an output's n elements into s. The T threads of the output (its
+// group's in every chunk: t = chunk * G + lane) take packs of V in turn, thread t packs t,
+// t + T, ..., so that at any moment the device reads one window of neighbouring packs (no
+// stream of its own per chunk, whose like addresses would crowd the same memory channels);
+// each thread folds its elements in order, then the tail (fewer than V elements) one at a
+// time. VEC: packs loaded whole (unit strides, aligned); ONE: one reduced dimension, whose
+// offsets are multiplications, the loads unrolled; neither changes the order.
+template <typename Ops, bool VEC, bool ONE>
 __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename Ops::Item& it,
-                                                long long begin, long long end, int lane,
+                                                long long t, long long T, long long n,
                                                 typename Ops::R s) {
     constexpr int V = Ops::V;
-    constexpr int U = ONE ? CBR_UNROLL : 1;
-    const long long packs = end > begin ? (end - begin) / V : 0;
-    for (long long q0 = lane; q0 < packs; q0 += (long long)G * U) {
+    // Elements in flight: CBR_UNROLL packs, or one at a time about 16 (fewer unrolled loads of
+    // narrow types compile faster and keep as many bytes in flight).
+    constexpr int U = !ONE ? 1 : VEC || V <= 4 ? CBR_UNROLL : (V < 16 ? 16 / V : 1);
+    const long long packs = n / V;
+    for (long long q0 = t; q0 < packs; q0 += T * U) {
         if constexpr (VEC) {
             typename Ops::Packs p[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const long long q = q0 + (long long)u * G;
-                if (q < packs) ops.load(p[u], it, begin + q * V);
-            }
+            for (int u = 0; u < U; ++u)
+                if (q0 + u * T < packs) ops.template load<false>(p[u], it, (q0 + u * T) * V);
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const long long q = q0 + (long long)u * G;
-                if (q < packs) ops.apply(s, p[u], begin + q * V);
-            }
+            for (int u = 0; u < U; ++u)
+                if (q0 + u * T < packs) ops.apply(s, p[u], (q0 + u * T) * V);
         } else if constexpr (ONE) {
             // The loads do not depend on s: the compiler issues them ahead of the folds.
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const long long q = q0 + (long long)u * G;
+                const long long q = q0 + u * T;
 #pragma unroll
                 for (int e = 0; e < V; ++e)
-                    if (q < packs) s = cb_reduce(s, ops.template at<true>(it, begin + q * V + e));
+                    if (q < packs) s = cb_reduce(s, ops.template at<true>(it, q * V + e));
             }
         } else {
 #pragma unroll 1
-            for (int e = 0; e < V; ++e)
-                s = cb_reduce(s, ops.template at<false>(it, begin + q0 * V + e));
+            for (int e = 0; e < V; ++e) s = cb_reduce(s, ops.template at<false>(it, q0 * V + e));
         }
     }
-    // The tail: fewer than V elements, lane + k * G for each thread; unrolled where offsets are
-    // multiplications (rows of 2 elements have nothing but a tail).
-    const long long tail = begin + packs * V + lane;
+    // The tail: elements packs * V + t + k * T; unrolled where offsets are multiplications
+    // (rows of 2 elements have nothing but a tail).
+    const long long tail = packs * V + t;
     if constexpr (ONE) {
 #pragma unroll
         for (int k = 0; k < V; ++k)
-            if (tail + (long long)k * G < end)
-                s = cb_reduce(s, ops.template at<true>(it, tail + (long long)k * G));
+            if (tail + k * T < n) s = cb_reduce(s, ops.template at<true>(it, tail + k * T));
     } else {
 #pragma unroll 1
-        for (long long j = tail; j < end; j += G) s = cb_reduce(s, ops.template at<false>(it, j));
+        for (long long j = tail; j < n; j += T) s = cb_reduce(s, ops.template at<false>(it, j));
     }
     return s;
 }
 
-// The first kernel: each output of the group's turn, in the chunk of the block's row.
+// Folds thread t's share of n rows into the V neighbouring outputs of `it` (one thread each,
+// G == 1; unit strides along the outputs, aligned): the rows of the one-thread fold in its
+// order (packs of V rows t, t + T, ..., then the tail), each row loaded as one pack of V
+// outputs' elements, so a warp's loads are 32 packs side by side.
+template <typename Ops>
+__device__ __forceinline__ void fold_columns(const Ops& ops, const typename Ops::Item& it,
+                                             long long t, long long T, long long n,
+                                             typename Ops::R* s) {
+    constexpr int V = Ops::V;
+    const long long packs = n / V;
+    for (long long q = t; q < packs; q += T) {
+        typename Ops::Packs p[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) ops.template load<true>(p[e], it, q * V + e);
+#pragma unroll
+        for (int e = 0; e < V; ++e) ops.apply_each(s, p[e], q * V + e);
+    }
+    const long long tail = packs * V + t;
+#pragma unroll 1
+    for (long long j = tail; j < n; j += T) {
+        typename Ops::Packs p;
+        ops.template load<true>(p, it, j);
+        ops.apply_each(s, p, j);
+    }
+}
+
+// The first kernel for columns in packs (G == 1, VEC): V neighbouring outputs a thread. A
+// block's X threads along the outputs are the fewest powers of two that cover them (up to the
+// block); its Y = blockDim.x / X rows of threads take Y chunks (the host launches
+// ceil(chunks / Y) rows of blocks), so that few columns still fill the blocks.
+template <typename Ops>
+__device__ __forceinline__ void pass_columns(const Ops& ops, const CbRedShape& g, void* partial) {
+    typedef typename Ops::R R;
+    constexpr int V = Ops::V;
+    int X = 1;
+    while (X < (int)blockDim.x && X < g.n_out / V) X *= 2;
+    const long long c = blockIdx.y * (long long)(blockDim.x / X) + threadIdx.x / X;
+    if (c >= g.chunks) return;
+    for (long long o = (blockIdx.x * (long long)X + threadIdx.x % X) * V; o < g.n_out;
+         o += (long long)gridDim.x * X * V) {
+        R s[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) s[e] = cb_identity();
+        fold_columns<Ops>(ops, ops.item(o), c, g.chunks, g.n_red, s);
+#pragma unroll 1
+        for (int e = 0; e < V; ++e) {
+            if (g.chunks == 1) ops.post(ops.item(o + e), s[e]);
+            else static_cast<R*>(partial)[(o + e) * g.chunks + c] = s[e];
+        }
+    }
+}
+
+// The first kernel for groups: each output of the group's turn, its share of the chunk of the
+// block's row.
 template <typename Ops, int G, bool VEC>
-__device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
+__device__ __forceinline__ void pass_groups(const Ops& ops, const CbRedShape& g, void* partial) {
     typedef typename Ops::R R;
     __shared__ __align__(16) unsigned char shared[(G > 32 ? G / 32 : 1) * sizeof(R)];
     const int lane = threadIdx.x % G;
     const long long per_block = blockDim.x / G;
     const long long c = blockIdx.y;  // the chunk: one row of blocks each
+    const long long t = c * G + lane, T = g.chunks * G;
     for (long long o = blockIdx.x * per_block + threadIdx.x / G; o < g.n_out;
          o += gridDim.x * per_block) {
         const typename Ops::Item it = ops.item(o);
-        const long long begin = c * g.chunk;
-        const long long end = begin + g.chunk < g.n_red ? begin + g.chunk : g.n_red;
         R s = cb_identity();
-        if constexpr (VEC) s = fold<Ops, G, true, true>(ops, it, begin, end, lane, s);
-        else if (g.red_ndim == 1) s = fold<Ops, G, false, true>(ops, it, begin, end, lane, s);
-        else s = fold<Ops, G, false, false>(ops, it, begin, end, lane, s);
+        if constexpr (VEC) s = fold<Ops, true, true>(ops, it, t, T, g.n_red, s);
+        else if (g.red_ndim == 1) s = fold<Ops, false, true>(ops, it, t, T, g.n_red, s);
+        else s = fold<Ops, false, false>(ops, it, t, T, g.n_red, s);
         s = group_fold<G>(s, shared);
         if (lane == 0) {
             if (g.chunks == 1) ops.post(it, s);
             else static_cast<R*>(partial)[o * g.chunks + c] = s;
         }
     }
+}
+
+// The first kernel: columns in packs where G is 1 and the loads are packs, else groups.
+template <typename Ops, int G, bool VEC>
+__device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
+    if constexpr (G == 1 && VEC) pass_columns<Ops>(ops, g, partial);
+    else pass_groups<Ops, G, VEC>(ops, g, partial);
 }
 
 // The second kernel: each output's partials folded by a group of G threads, in order.

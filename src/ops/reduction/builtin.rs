@@ -222,7 +222,8 @@ fn kernel_empty_ok(op: Op) -> bool {
 
 /// The reductions that ship compiled: sum, max and min of float32, float16, bfloat16, int32
 /// and int64 (and their default results), over whole arrays and over rows (the kernels of
-/// 256 and of 32 threads per output, with packs), and over columns (one thread per output).
+/// 256 and of 32 threads per output, with packs), and over columns (one thread per output, or
+/// per pack of neighbouring outputs).
 pub fn shipped_programs() -> Vec<Program> {
     let dtypes = [
         DType::Float32,
@@ -231,7 +232,7 @@ pub fn shipped_programs() -> Vec<Program> {
         DType::Int32,
         DType::Int64,
     ];
-    let variants = [(256, true), (32, true), (1, false)];
+    let variants = [(256, true), (32, true), (1, true), (1, false)];
     let mut all = Vec::new();
     for op in [Op::Sum, Op::Max, Op::Min] {
         for d in dtypes {

@@ -378,8 +378,16 @@ unsafe fn launch_plan(
         Ok::<u32, Error>(wanted.clamp(1, resident.div_ceil(rows).max(1)) as u32)
     };
     let (stream, block) = (launch.stream().handle(), (plan::BLOCK, 1, 1));
-    let rows = u32::try_from(plan.chunks).map_err(|_| Error::invalid("internal: chunks"))?;
-    let grid = (blocks(plan.n_out, plan.group, plan.chunks)?, rows, 1);
+    // Columns in packs: a block's threads along the outputs cover them (a power of two), the
+    // rest of it takes more chunks (kernels/reduce.cuh, pass_columns).
+    let threads_out = plan.n_out.div_ceil(plan.per_thread);
+    let across = match plan.per_thread {
+        1 => plan::BLOCK as usize,
+        _ => threads_out.next_power_of_two().min(plan::BLOCK as usize),
+    };
+    let rows = plan.chunks.div_ceil(plan::BLOCK as usize / across);
+    let rows32 = u32::try_from(rows).map_err(|_| Error::invalid("internal: chunks"))?;
+    let grid = (blocks(threads_out, plan.group, rows)?, rows32, 1);
     let pass = functions[0] as crate::cuda::sys::CUfunction;
     // SAFETY: this function's contract; the parameters are those the kernels declare
     // (params::list), alive for the call.

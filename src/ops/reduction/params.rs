@@ -27,8 +27,6 @@ pub struct RedShape {
     pub n_red: i64,
     /// Chunks per output.
     pub chunks: i64,
-    /// Elements per chunk.
-    pub chunk: i64,
 }
 
 /// `CbRedIn<T>`: an element input and its strides over the kept and the reduced dimensions.
@@ -69,7 +67,6 @@ impl RedShape {
             n_out: plan.n_out as i64,
             n_red: plan.n_red as i64,
             chunks: plan.chunks as i64,
-            chunk: plan.chunk as i64,
         }
     }
 }
@@ -136,7 +133,7 @@ mod tests {
 
     #[test]
     fn the_structs_have_no_padding() {
-        assert_eq!(size_of::<RedShape>(), 64 + 64 + 4 + 4 + 4 * 8);
+        assert_eq!(size_of::<RedShape>(), 64 + 64 + 4 + 4 + 3 * 8);
         assert_eq!(std::mem::offset_of!(RedShape, n_out), 64 + 64 + 8);
         assert_eq!(size_of::<RedIn>(), 8 + 64 + 64);
         let core = include_str!("../../../kernels/reduce.cuh");

@@ -2,13 +2,17 @@
 //! each) and reduced ones, each group reordered and merged where the layouts allow, and the
 //! strategy of the kernel (`kernels/reduce.cuh`) chosen from the shape alone:
 //!
-//! - a reduced dimension of unit stride (rows, and whole contiguous arrays): a group of 32 or
-//!   256 threads per output element, moving packs of 16 bytes where the addresses allow; rows of
-//!   at most 16 elements one thread each;
+//! - a reduced dimension of unit stride (rows, and whole contiguous arrays): a warp per output
+//!   element (rows of a few thousand elements, or enough rows to fill the device with warps),
+//!   else a block of 256 threads, moving packs of 16 bytes where the addresses allow; rows of at
+//!   most 16 elements one thread each;
 //! - otherwise (columns): one thread per output element, neighbouring threads on neighbouring
-//!   columns;
+//!   columns, or where the columns are contiguous and aligned, one thread per pack of 16 bytes
+//!   of neighbouring columns (each column's elements in the same order);
 //! - where that leaves the device short of work, each output's elements are split into a fixed
-//!   number of chunks whose partial results a second kernel reduces in order.
+//!   number of chunks, a row of blocks each, whose threads take the output's packs in turn (so
+//!   the whole grid reads one window of neighbouring addresses at a time), and whose partial
+//!   results a second kernel reduces in order.
 //!
 //! Nothing in the plan depends on addresses, streams or timing but the choice of vector loads,
 //! which leaves the order of every operation as it is: the same shape, dtypes and device give
@@ -24,6 +28,8 @@ pub const BLOCK: u32 = 256;
 pub const FINAL_GROUP: u32 = 32;
 /// The most chunks an output's elements are split into (rows of blocks: at most 65535).
 const MAX_CHUNKS: usize = 4096;
+/// Packs a thread loads before it folds them (`CBR_UNROLL` in `kernels/reduce.cuh`).
+const UNROLL: usize = 4;
 /// Resident threads per SM that the split aims to fill.
 const THREADS_PER_SM: usize = 2048;
 
@@ -46,12 +52,14 @@ pub struct ReductionPlan {
     pub n_red: usize,
     /// Threads that reduce one output element (1, 32 or 256).
     pub group: u32,
-    /// Chunks each output's elements are split into (1: no second kernel).
+    /// Chunks each output's elements are split into (1: no second kernel), their threads
+    /// taking the output's packs in turn.
     pub chunks: usize,
-    /// Elements per chunk, a multiple of the pack.
-    pub chunk: usize,
     /// Whether the kernel moves packs of `width` elements (same order of operations).
     pub vector: bool,
+    /// Outputs a thread reduces: 1, or with one thread an output (`group` 1) and packs, the
+    /// elements' width (columns in packs, in the same order as one at a time).
+    pub per_thread: usize,
 }
 
 /// What a reduction reads and writes, over the input's broadcast `shape`.
@@ -96,12 +104,33 @@ impl ReductionPlan {
         let (n_out, n_red) = (kept.iter().product(), red.iter().product());
         let unit_red = red.len() == 1 && in_red.iter().all(|s| s[0] == 1);
         let unit_kept = kept_strides.first().is_none_or(|s| s[s.len() - 1] == 1);
-        let (group, chunks, chunk) = strategy(n_out, n_red, (unit_red, unit_kept), width, sms);
-        let aligned = walk.inputs.iter().zip(&kept_strides).all(|(o, s)| {
-            o.address % (width * o.itemsize) == 0 && s.iter().all(|&k| k % width as isize == 0)
-        });
+        let (group, mut chunks) = strategy(n_out, n_red, (unit_red, unit_kept), width, sms);
+        // Packs start at aligned addresses: the first elements' are, and the kept strides are
+        // multiples of the pack (but the innermost for columns, whose threads take packs of it).
+        let aligned = |inner: usize| {
+            walk.inputs.iter().zip(&kept_strides).all(|(o, s)| {
+                let outer = &s[..s.len() - inner];
+                o.address % (width * o.itemsize) == 0
+                    && outer.iter().all(|&k| k % width as isize == 0)
+            })
+        };
+        // Columns in packs: every element input has unit strides along the outputs, whose
+        // innermost extent the pack divides, and its rows at aligned addresses. The split
+        // is that of the packs whatever the addresses, so that the order stays theirs.
+        let columns = width > 1
+            && group == 1
+            && red.len() == 1
+            && kept.last().is_some_and(|&k| k % width == 0)
+            && (kept_strides[..nin].iter()).all(|s| s.last() == Some(&1))
+            && in_red.iter().all(|s| s[0] % width as isize == 0);
+        if columns {
+            let work = n_out.saturating_mul(n_red);
+            chunks = split(n_out / width, work, n_red / (2 * width), sms);
+        }
+        let per_thread = if columns && aligned(1) { width } else { 1 };
         Ok(ReductionPlan {
-            vector: group > 1 && width > 1 && unit_red && aligned,
+            vector: width > 1 && (group > 1 && unit_red && aligned(0) || per_thread > 1),
+            per_thread,
             out_kept: kept_strides[nin..].to_vec(),
             in_kept: kept_strides[..nin].to_vec(),
             kept,
@@ -111,7 +140,6 @@ impl ReductionPlan {
             n_red,
             group,
             chunks,
-            chunk,
         })
     }
 }
@@ -145,17 +173,24 @@ fn group(
     Ok((extents, strides))
 }
 
-/// The threads per output (`group`), the chunks and the elements per chunk for `n_out` outputs
-/// of `n_red` elements each, where the reduced dimension has unit stride (`unit_red`) or the
-/// innermost kept one has (`unit_kept`); `width` elements per pack, `sms` multiprocessors.
+/// The threads per output (`group`) and the chunks for `n_out` outputs of `n_red` elements
+/// each, where the reduced dimension has unit stride (`unit_red`) or the innermost kept one has
+/// (`unit_kept`); `width` elements per pack, `sms` multiprocessors.
 pub fn strategy(
     n_out: usize,
     n_red: usize,
     (unit_red, unit_kept): (bool, bool),
     width: usize,
     sms: usize,
-) -> (u32, usize, usize) {
-    let wide = |n: usize| if n <= 4096 { 32 } else { BLOCK };
+) -> (u32, usize) {
+    // A warp an output where it has a few thousand elements or there are enough outputs to
+    // fill the device with warps (each streams its row, with no block-wide step between rows);
+    // else the block.
+    let resident = sms.max(1) * THREADS_PER_SM;
+    let wide = |n: usize| match n <= 4096 || n_out.saturating_mul(32) >= resident {
+        true => 32,
+        false => BLOCK,
+    };
     // Columns take a thread each, neighbours on neighbouring columns, where there are enough of
     // them to fill a warp; fewer columns take a group each (the rows they share come from the
     // cache).
@@ -165,26 +200,25 @@ pub fn strategy(
         _ if unit_kept && n_out >= 32 => 1,
         _ => wide(n_red),
     };
-    let resident = sms.max(1) * THREADS_PER_SM;
-    // Split where the outputs alone would leave most of the device idle, or half of it for
-    // work large enough that a second kernel's launch costs little beside it; then fill the
-    // device. A chunk keeps every thread of its group busy for a few packs at least.
+    // Split where the outputs alone would leave most of the device idle, or, for work large
+    // enough that a second kernel's launch costs little beside it, three quarters of it (a
+    // quarter of its threads, each with CBR_UNROLL packs in flight, keep the memory busy);
+    // then fill the device. Every thread of a chunk takes CBR_UNROLL packs at least; small
+    // work (a few blocks' worth) takes one launch whatever it leaves idle.
     let busy = n_out.saturating_mul(group as usize);
-    let large = n_out.saturating_mul(n_red) >= 1 << 22;
-    let least = (group as usize * width * 4).max(256);
-    let wanted = match busy < resident / 16 || (large && busy < resident / 2) {
-        true => (resident / group as usize).div_ceil(n_out.max(1)),
+    let most = n_red / (group as usize * width * UNROLL);
+    (group, split(busy, n_out.saturating_mul(n_red), most, sms))
+}
+
+/// The chunks for `busy` threads (before the split) over `work` elements, at most `most`.
+fn split(busy: usize, work: usize, most: usize, sms: usize) -> usize {
+    let resident = sms.max(1) * THREADS_PER_SM;
+    let short = busy < resident / 16 || (work >= 1 << 22 && busy < resident / 4);
+    let wanted = match short && work >= 1 << 16 {
+        true => resident.div_ceil(busy.max(1)),
         false => 1,
     };
-    // Small work (a few blocks' worth) takes one launch whatever it leaves idle.
-    let wanted = if n_out.saturating_mul(n_red) < 1 << 16 {
-        1
-    } else {
-        wanted
-    };
-    let chunks = wanted.min(n_red / least).clamp(1, MAX_CHUNKS);
-    let chunk = n_red.div_ceil(chunks).next_multiple_of(width).max(width);
-    (group, n_red.div_ceil(chunk).max(1), chunk)
+    wanted.min(most).clamp(1, MAX_CHUNKS)
 }
 
 #[cfg(test)]
@@ -215,14 +249,22 @@ mod tests {
         let p = ReductionPlan::new(&walk(&[1], &out), false, true, 4, 132).unwrap();
         assert_eq!((p.n_out, p.n_red, p.group, p.chunks), (1000, 4096, 32, 1));
         assert!(p.vector);
-        // Over its columns: a thread a column, split into chunks for 132 SMs.
+        // Over its columns: a thread a pack of 4 columns, split into chunks for 132 SMs; a
+        // misaligned view takes a column a thread, in the same chunks.
         let p = ReductionPlan::new(&walk(&[0], &[&[1]]), false, true, 4, 132).unwrap();
         assert_eq!((p.n_out, p.n_red, p.group), (4096, 1000, 1));
         assert_eq!(
             (p.in_kept[0].clone(), p.in_red[0].clone()),
             (vec![1], vec![4096])
         );
-        assert!(!p.vector && p.chunks >= 1 && p.chunks * p.chunk >= 1000);
+        assert!(p.vector && p.per_thread == 4 && p.chunks > 1 && p.chunks * 4 * 2 <= 1000);
+        let shifted = [op(&x, 260)];
+        let w = Walk {
+            inputs: &shifted,
+            ..walk(&[0], &[&[1]])
+        };
+        let q = ReductionPlan::new(&w, false, true, 4, 132).unwrap();
+        assert_eq!((q.vector, q.per_thread, q.chunks), (false, 1, p.chunks));
         // Everything: one output, merged into one run of blocks, split across the device.
         let p = ReductionPlan::new(&walk(&[0, 1], &[]), false, true, 4, 132).unwrap();
         assert_eq!(
@@ -230,7 +272,7 @@ mod tests {
             (vec![1], vec![4096 * 1000])
         );
         assert_eq!(p.group, BLOCK);
-        assert!(p.chunks > 100 && (p.chunks - 1) * p.chunk < 4096 * 1000);
+        assert!(p.chunks > 100 && p.chunks * 256 * 4 * UNROLL <= 4096 * 1000);
         // A misaligned view keeps the order of operations, without packs.
         let shifted = [op(&x, 260)];
         let w = Walk {
@@ -239,7 +281,7 @@ mod tests {
         };
         let q = ReductionPlan::new(&w, false, true, 4, 132).unwrap();
         assert!(!q.vector);
-        assert_eq!((q.group, q.chunks, q.chunk), (p.group, p.chunks, p.chunk));
+        assert_eq!((q.group, q.chunks), (p.group, p.chunks));
     }
 
     #[test]
@@ -279,24 +321,39 @@ mod tests {
     #[test]
     fn large_columns_fill_the_device_and_small_work_takes_one_launch() {
         // 2^15 columns of 2^15: one thread each would keep an eighth of 132 SMs busy.
-        let (group, chunks, _) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
+        let (group, chunks) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
         assert_eq!(group, 1);
         assert!(chunks * (1 << 15) >= 132 * THREADS_PER_SM);
         // Four columns of 2^18: a group each, split into chunks.
-        let (group, chunks, _) = strategy(4, 1 << 18, (false, true), 4, 132);
+        let (group, chunks) = strategy(4, 1 << 18, (false, true), 4, 132);
         assert!(group > 1 && chunks > 1);
         // 1024 rows of 1024: a warp each, one launch; so for a small array summed whole.
-        assert_eq!(strategy(1024, 1024, (true, true), 4, 132), (32, 1, 1024));
-        assert_eq!(strategy(1, 1024, (true, true), 4, 132), (32, 1, 1024));
+        assert_eq!(strategy(1024, 1024, (true, true), 4, 132), (32, 1));
+        assert_eq!(strategy(1, 1024, (true, true), 4, 132), (32, 1));
+    }
+
+    #[test]
+    fn columns_and_rows_keep_the_device_busy_in_as_few_launches_as_needed() {
+        // 1024 columns of 1024: 4 blocks of a thread a column; chunks give every SM a block.
+        let (group, chunks) = strategy(1024, 1024, (false, true), 4, 132);
+        assert_eq!(group, 1);
+        assert!(1024 / BLOCK as usize * chunks >= 132, "{chunks}");
+        // 4096 rows of 4096 elements: a warp a row holds a quarter of the device, each lane with
+        // several packs in flight: one launch.
+        assert_eq!(strategy(4096, 4096, (true, true), 4, 132), (32, 1));
+        // 16384 rows of 16384: enough warps to fill the device, a warp a row.
+        assert_eq!(strategy(16384, 16384, (true, true), 4, 132), (32, 1));
+        // 1024 rows of 2^18: a block a row.
+        assert_eq!(strategy(1024, 1 << 18, (true, true), 4, 132).0, BLOCK);
     }
 
     #[test]
     fn the_split_depends_on_the_shape_and_the_device_only() {
         for sms in [1, 80, 132] {
             for (n_out, n_red) in [(1, 1 << 30), (16, 1 << 26), (1 << 20, 2), (7, 0)] {
-                let (g, chunks, chunk) = strategy(n_out, n_red, (true, true), 4, sms);
-                assert!((1..=MAX_CHUNKS).contains(&chunks) && chunk % 4 == 0, "{g}");
-                assert!(chunks * chunk >= n_red && (chunks - 1) * chunk < n_red.max(1));
+                let (g, chunks) = strategy(n_out, n_red, (true, true), 4, sms);
+                assert!((1..=MAX_CHUNKS).contains(&chunks), "{g}");
+                assert!(chunks == 1 || chunks * g as usize * 4 * UNROLL <= n_red);
             }
         }
     }

@@ -96,7 +96,8 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
             let _ = write!(packs, "CbPack<{t}, V> v{k}; ");
             let _ = write!(
                 loads,
-                "p.v{k} = *reinterpret_cast<const CbPack<{t}, V>*>(p{k}.p + it.o{k} + j); "
+                "p.v{k} = *reinterpret_cast<const CbPack<{t}, V>*>(p{k}.p + it.o{k} + \
+                 (ROW ? j * p{k}.rs[0] : j)); "
             );
         }
     }
@@ -134,10 +135,12 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
          template <bool ONE> __device__ __forceinline__ R at(const Item& it, long long j) const {{\n\
          (void)it;\nif constexpr (ONE) return cb_map(j{at_one});\nelse return cb_map(j{at});\n}}\n\
          struct Packs {{ {packs}}};\n\
-         __device__ __forceinline__ void load(Packs& p, const Item& it, long long j) const \
-         {{ (void)p; (void)it; (void)j; {loads}}}\n\
+         template <bool ROW> __device__ __forceinline__ void load(Packs& p, const Item& it, \
+         long long j) const {{ (void)p; (void)it; (void)j; {loads}}}\n\
          __device__ __forceinline__ void apply(R& s, const Packs& p, long long j) const {{\n\
          (void)p;\n#pragma unroll\nfor (int e = 0; e < V; ++e) s = cb_reduce(s, cb_map(j + e{lane}));\n}}\n\
+         __device__ __forceinline__ void apply_each(R* s, const Packs& p, long long j) const {{\n\
+         (void)p;\n#pragma unroll\nfor (int e = 0; e < V; ++e) s[e] = cb_reduce(s[e], cb_map(j{lane}));\n}}\n\
          __device__ __forceinline__ void post(const Item& it, const R& a) const \
          {{ (void)it; cb_post(a{post}); }}\n}};\n"
     )
@@ -279,9 +282,11 @@ mod compile_tests {
     use super::*;
 
     pub(crate) fn compiles(p: &Program) {
-        let key = format!("test_{}_{}", p.name, std::process::id());
-        if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, 80, &p.options) {
-            panic!("{}: {e}\n{}", p.name, p.source);
+        for arch in [80, 90] {
+            let key = format!("test_{}_{arch}_{}", p.name, std::process::id());
+            if let Err(e) = crate::cuda::nvrtc::compile(&p.source, &key, arch, &p.options) {
+                panic!("{} (sm_{arch}): {e}\n{}", p.name, p.source);
+            }
         }
     }
 
