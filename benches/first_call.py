@@ -141,10 +141,11 @@ def main():
         results[case] = runs
         launch = stats(runs, "launch")
         tl = stats(runs, "t_launch")
-        verdict = "met" if launch[0] <= goal and tl[0] <= goal else "MISSED"
+        # The goal holds for the worst process, its transposed call included.
+        verdict = "met" if max(launch[2], tl[2]) <= goal else "MISSED"
         print(
             f"{case:22} {fmt(launch):>22} {fmt(stats(runs, 'done')):>22} {fmt(tl):>24}  "
-            f"<= {goal:g} ms: {verdict}",
+            f"worst <= {goal:g} ms: {verdict}",
             flush=True,
         )
         slowest = max(runs, key=lambda r: r["launch"] + r["t_launch"])
