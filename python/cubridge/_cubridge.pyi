@@ -122,7 +122,6 @@ _Out = TypeVar("_Out")
 def add(a: Any, b: Any, /, *, out: None = None, stream: Any | None = None) -> Array: ...
 @overload
 def add(a: Any, b: Any, /, *, out: _Out, stream: Any | None = None) -> _Out: ...
-
 @overload
 def sum(
     x: Any,
@@ -219,7 +218,13 @@ def argmax(
 ) -> Array: ...
 @overload
 def argmax(
-    x: Any, /, *, axis: int | None = None, keepdims: bool = False, out: _Out, stream: Any | None = None
+    x: Any,
+    /,
+    *,
+    axis: int | None = None,
+    keepdims: bool = False,
+    out: _Out,
+    stream: Any | None = None,
 ) -> _Out: ...
 @overload
 def argmin(
@@ -233,7 +238,13 @@ def argmin(
 ) -> Array: ...
 @overload
 def argmin(
-    x: Any, /, *, axis: int | None = None, keepdims: bool = False, out: _Out, stream: Any | None = None
+    x: Any,
+    /,
+    *,
+    axis: int | None = None,
+    keepdims: bool = False,
+    out: _Out,
+    stream: Any | None = None,
 ) -> _Out: ...
 
 @final
