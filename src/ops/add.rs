@@ -3,6 +3,7 @@
 //! and a CPU loop for host memory. Inputs and `out` are used in place, never copied.
 
 use crate::array::Array;
+use crate::cpu::copy::ElementBytes;
 use crate::cpu::element::Scalar;
 use crate::cpu::{self, SendPtr};
 use crate::cuda::kernels::{Index, Program};
@@ -95,12 +96,6 @@ fn on_host(call: &Call<'_>, shape: &[usize]) -> Result<Array> {
     let a = call
         .array(0)
         .ok_or_else(|| Error::invalid("internal: add's first input"))?;
-    // A value is read from a one-element array.
-    let b = match (call.array(1), call.value(1)) {
-        (Some(b), _) => Cow::Borrowed(b),
-        (None, Some(v)) => Cow::Owned(crate::ops::full(&[], v, db, Device::Cpu)?),
-        (None, None) => return Err(Error::invalid("internal: add's second input")),
-    };
     let out = match call.array(2) {
         Some(out) => out.clone(),
         None => Array::empty(shape, dr, Device::Cpu)?,
@@ -108,18 +103,42 @@ fn on_host(call: &Call<'_>, shape: &[usize]) -> Result<Array> {
     if out.numel() == 0 {
         return Ok(out);
     }
-    let (a_b, b_b) = (broadcast(a, shape)?, broadcast(&b, shape)?);
-    let operands = [Operand::of(&out), Operand::of(&a_b), Operand::of(&b_b)];
+    let a_b = broadcast(a, shape)?;
+    let b_b;
+    // A value is one element on the stack, read through zero strides (nothing is allocated).
+    let mut value;
+    let zeros = [0isize; crate::layout::MAX_DIMS];
+    let b = match (call.array(1), call.value(1)) {
+        (Some(b), _) => {
+            b_b = broadcast(b, shape)?;
+            Operand::of(&b_b)
+        }
+        (None, Some(v)) => {
+            value = ElementBytes::new(db, v);
+            Operand {
+                strides: zeros
+                    .get(..shape.len())
+                    .ok_or_else(|| Error::invalid("internal: add's loop has too many dims"))?,
+                contiguous: out.numel() <= 1,
+                address: value.as_mut_ptr() as usize,
+                itemsize: db.itemsize(),
+            }
+        }
+        (None, None) => return Err(Error::invalid("internal: add's second input")),
+    };
+    let b_ptr = b.address as *mut u8;
+    let operands = [Operand::of(&out), Operand::of(&a_b), b];
     let plan = Plan::new(shape, out.numel(), &operands, Some(0), 1, false).coalesced::<3>();
-    // SAFETY: all three arrays are host-accessible and their layouts were validated against
-    // their buffers when they were made; `out` is writable (checked) and overlaps an input only
-    // exactly (checked); dtypes are the promoted triple.
+    // SAFETY: all three operands are host-accessible (the value lives on this stack until the
+    // loop returns) and the arrays' layouts were validated against their buffers when they were
+    // made; `out` is writable (checked) and overlaps an input only exactly (checked); dtypes are
+    // the promoted triple.
     unsafe {
         cpu::add::add(
             [da, db, dr],
             SendPtr(out.data_ptr()),
             SendPtr(a_b.data_ptr()),
-            SendPtr(b_b.data_ptr()),
+            SendPtr(b_ptr),
             &plan,
         )?
     };
