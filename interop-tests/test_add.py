@@ -287,6 +287,23 @@ def test_python_scalars_take_the_array_dtype():
         cb.add(a, 0.5)
 
 
+def test_a_value_beside_strided_arrays_and_into_strided_outs_matches_numpy():
+    """A value is read through zero strides over every dimension of the loop: beside a
+    transposed or sliced array, into a transposed out or one past the size that splits the loop
+    across threads, the result is numpy's."""
+    base = (np.arange(2 * 3 * 8) % 13).astype(np.float32).reshape(2, 3, 8)
+    for a in [base, base.transpose(2, 0, 1), base[:, ::2, 1::3], base[:1, :1, :1]]:
+        check(cb.add(a, 2.5), a + np.float32(2.5))
+        check(cb.add(7, a), a + np.float32(7))
+        out = np.empty(a.shape[::-1], np.float32).T
+        cb.add(a, 0.25, out=out)
+        np.testing.assert_array_equal(out, a + np.float32(0.25))
+    big = (np.arange(3 << 20) % 101).astype(np.int32)
+    out = np.empty_like(big)
+    cb.add(big, 3, out=out)
+    np.testing.assert_array_equal(out, big + np.int32(3))
+
+
 @pytest.mark.parametrize("form", ["scalar", "0-d"])
 def test_numpy_scalars_keep_their_dtype_as_in_numpy(form):
     """A numpy scalar or 0-d numpy array beside an array is a typed operand (numpy's NEP 50):
