@@ -1,7 +1,7 @@
 //! `cubridge.ElementwiseKernel` and `cubridge.RawKernel`: users' CUDA kernels on arrays from any
 //! producer. Conversion only; the kernels live in `ops::elementwise` and `ops::raw`.
 
-use super::operands::{import_operands, Access};
+use super::operands::{import_operands, Access, Operands};
 use super::types::PyArray;
 use crate::error::Error;
 use crate::ops::elementwise::spec::Spec;
@@ -110,28 +110,12 @@ impl PyElementwiseKernel {
         let _restore = crate::cuda::context::Restore::new();
         let _later = crate::cuda::release::DropLater::new();
         let spec = self.inner.spec();
-        let nin = spec.inputs.len();
-        let args: Vec<Bound<'_, PyAny>> = args.iter().collect();
-        let outs = outputs_passed(spec, &args, out)?;
-        let explicit = super::stream::parse(stream)?;
-        let objs: Vec<Option<&Bound<'_, PyAny>>> = args[..nin]
-            .iter()
-            .map(Some)
-            .chain(outs.iter().map(Option::as_ref))
-            .collect();
-        let mut operands = import_operands(&objs, &self.access, explicit)?;
-        let mut items = std::mem::take(&mut operands.items).into_iter();
-        let inputs: Vec<Arg> = items
-            .by_ref()
-            .take(nin)
-            .map(|o| o.ok_or_else(|| Error::invalid("an input is None")))
-            .collect::<Result<_, _>>()?;
-        let outputs: Vec<Option<crate::Array>> = items
-            .map(|o| match o {
-                Some(Arg::Array(a)) => Some(a),
-                _ => None,
-            })
-            .collect();
+        let CallOperands {
+            operands,
+            inputs,
+            outputs,
+            outs,
+        } = call_operands(spec, args, out, stream, &self.access)?;
         let results = py.detach(|| -> crate::Result<Vec<crate::Array>> {
             operands.order()?;
             // SAFETY: the operation is the Python user's CUDA C++, trusted as CuPy trusts an
@@ -141,6 +125,57 @@ impl PyElementwiseKernel {
         })?;
         returned(py, outs, results)
     }
+}
+
+/// A kernel call's operands from Python, imported for the call's stream.
+pub(super) struct CallOperands<'py> {
+    /// The imported operands: the call runs `order` before its work, on `stream`.
+    pub operands: Operands,
+    /// The inputs, in the declaration's order.
+    pub inputs: Vec<Arg>,
+    /// The outputs given (`None` for each output to allocate).
+    pub outputs: Vec<Option<crate::Array>>,
+    /// The output objects as the call passed them, for [`returned`].
+    pub outs: Vec<Option<Bound<'py, PyAny>>>,
+}
+
+/// The inputs and outputs of a call of a kernel declared by `spec` (outputs positionally after
+/// the inputs or as `out=`), imported with `access` on the caller's `stream` or the producers'.
+pub(super) fn call_operands<'py>(
+    spec: &Spec,
+    args: &Bound<'py, PyTuple>,
+    out: Option<&Bound<'py, PyAny>>,
+    stream: Option<&Bound<'py, PyAny>>,
+    access: &[Access],
+) -> PyResult<CallOperands<'py>> {
+    let nin = spec.inputs.len();
+    let args: Vec<Bound<'py, PyAny>> = args.iter().collect();
+    let outs = outputs_passed(spec, &args, out)?;
+    let explicit = super::stream::parse(stream)?;
+    let objs: Vec<Option<&Bound<'py, PyAny>>> = args[..nin]
+        .iter()
+        .map(Some)
+        .chain(outs.iter().map(Option::as_ref))
+        .collect();
+    let mut operands = import_operands(&objs, access, explicit)?;
+    let mut items = std::mem::take(&mut operands.items).into_iter();
+    let inputs: Vec<Arg> = items
+        .by_ref()
+        .take(nin)
+        .map(|o| o.ok_or_else(|| Error::invalid("an input is None")))
+        .collect::<Result<_, _>>()?;
+    let outputs = items
+        .map(|o| match o {
+            Some(Arg::Array(a)) => Some(a),
+            _ => None,
+        })
+        .collect();
+    Ok(CallOperands {
+        operands,
+        inputs,
+        outputs,
+        outs,
+    })
 }
 
 /// The output objects a call passed, positionally after the inputs or as `out=` (`None` for

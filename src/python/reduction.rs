@@ -2,14 +2,13 @@
 //! `argmax`, `argmin`) on arrays of any producer. Conversion only; the engine lives in
 //! `ops::reduction`.
 
-use super::kernels::{outputs_passed, returned};
-use super::operands::{import_operands, take_arrays, Access};
+use super::kernels::{call_operands, returned, CallOperands};
+use super::operands::{take_arrays, Access};
 use super::types::{parse_dtype, PyArray};
 use crate::cpu::reduce::Op;
 use crate::error::Error;
 use crate::ops::reduction::spec::{Code, ReductionSpec};
 use crate::ops::reduction::{builtin, Axes, ReductionKernel};
-use crate::ops::Arg;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -133,29 +132,13 @@ impl PyReductionKernel {
         let _restore = crate::cuda::context::Restore::new();
         let _later = crate::cuda::release::DropLater::new();
         let spec = &self.inner.spec().spec;
-        let nin = spec.inputs.len();
-        let args: Vec<Bound<'_, PyAny>> = args.iter().collect();
-        let outs = outputs_passed(spec, &args, out)?;
         let axis = parse_axis(axis)?;
-        let explicit = super::stream::parse(stream)?;
-        let objs: Vec<Option<&Bound<'_, PyAny>>> = args[..nin]
-            .iter()
-            .map(Some)
-            .chain(outs.iter().map(Option::as_ref))
-            .collect();
-        let mut operands = import_operands(&objs, &self.access, explicit)?;
-        let mut items = std::mem::take(&mut operands.items).into_iter();
-        let inputs: Vec<Arg> = items
-            .by_ref()
-            .take(nin)
-            .map(|o| o.ok_or_else(|| Error::invalid("an input is None")))
-            .collect::<Result<_, _>>()?;
-        let outputs: Vec<Option<crate::Array>> = items
-            .map(|o| match o {
-                Some(Arg::Array(a)) => Some(a),
-                _ => None,
-            })
-            .collect();
+        let CallOperands {
+            operands,
+            inputs,
+            outputs,
+            outs,
+        } = call_operands(spec, args, out, stream, &self.access)?;
         let results = py.detach(|| -> crate::Result<Vec<crate::Array>> {
             operands.order()?;
             let axes = Axes {

@@ -252,9 +252,10 @@ fn unsigned(index: Index) -> &'static str {
     }
 }
 
-/// `source` as the program of `function`, named for the signature.
-fn finish(spec: &Spec, sig: &Signature, source: String, function: String) -> Program {
-    let mut name = spec.name.clone();
+/// The name of the program of `function` (which starts with `kernel_name` and `_`): the
+/// kernel's name, the signature's dtypes and roles, and the rest of the function's name.
+pub(crate) fn program_name(kernel_name: &str, sig: &Signature, function: &str) -> String {
+    let mut name = kernel_name.to_string();
     for (d, r) in sig.dtypes.iter().zip(&sig.roles) {
         let role = match r {
             Role::Element => "",
@@ -263,8 +264,14 @@ fn finish(spec: &Spec, sig: &Signature, source: String, function: String) -> Pro
         };
         let _ = write!(name, "_{d}{role}");
     }
+    let rest = function.get(kernel_name.len() + 1..).unwrap_or(function);
+    format!("{name}_{rest}")
+}
+
+/// `source` as the program of `function`, named for the signature.
+fn finish(spec: &Spec, sig: &Signature, source: String, function: String) -> Program {
     Program {
-        name: format!("{name}_{}", &function[spec.name.len() + 1..]),
+        name: program_name(&spec.name, sig, &function),
         source,
         options: spec.options.iter().map(|o| o.to_string()).collect(),
         functions: vec![function],

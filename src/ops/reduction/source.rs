@@ -183,17 +183,8 @@ pub fn program(r: &ReductionSpec, sig: &Signature, variant: Variant) -> Program 
         vec = variant.vector,
         fg = super::plan::FINAL_GROUP,
     );
-    let mut name = spec.name.clone();
-    for (d, role) in sig.dtypes.iter().zip(&sig.roles) {
-        let suffix = match role {
-            Role::Element => "",
-            Role::Value => "_value",
-            Role::Raw => "_raw",
-        };
-        let _ = write!(name, "_{d}{suffix}");
-    }
     Program {
-        name: format!("{name}_{}", &function[spec.name.len() + 1..]),
+        name: elementwise::program_name(&spec.name, sig, &function),
         source: src,
         options: r.options.clone(),
         functions: vec![function.clone(), format!("{function}_final")],
