@@ -11,6 +11,16 @@
 
 #define CB_MAX_DIMS 8
 
+// How a kernel takes a struct parameter: in place, where its arrays (indexed at run time) are
+// read from the parameter space. A plain struct parameter whose address the code takes would be
+// copied into every thread's local memory first (hundreds of bytes a thread, in and out of the
+// caches). __grid_constant__ exists from sm_70 on.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+#define CB_PARAM const
+#else
+#define CB_PARAM const __grid_constant__
+#endif
+
 // V consecutive elements moved as one aligned access (16 bytes for the widest operand): the
 // vector kernels of add and of users' kernels, and the tiled kernels, move packs.
 template <typename T, int V> struct alignas(sizeof(T) * V) CbPack {

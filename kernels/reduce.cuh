@@ -188,7 +188,8 @@ __device__ __forceinline__ void pass_columns(const Ops& ops, const CbRedShape& g
 #pragma unroll
         for (int e = 0; e < V; ++e) s[e] = cb_identity();
         fold_columns<Ops>(ops, ops.item(o), c, g.chunks, g.n_red, s);
-#pragma unroll 1
+        // Unrolled: s[e] stays in registers (indexed at run time, it would go to local memory).
+#pragma unroll
         for (int e = 0; e < V; ++e) {
             if (g.chunks == 1) ops.post(ops.item(o + e), s[e]);
             else static_cast<R*>(partial)[(o + e) * g.chunks + c] = s[e];

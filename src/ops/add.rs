@@ -427,6 +427,29 @@ mod compile_tests {
         assert!(names.iter().all(|n| !n.contains('-') && !n.contains(".sm")));
     }
 
+    /// A kernel that copied its operands' structs (strides, extents: hundreds of bytes) into
+    /// each thread's local memory would move them through the caches before its first load:
+    /// measured on an H200, two thirds of a 2^22-element sum's time. The float32 programs of
+    /// every engine (add in each variant, copies, casts, reductions) read them in place and keep
+    /// their values in registers.
+    #[test]
+    fn float32_programs_use_no_local_memory() {
+        if !nvrtc::test_dir("cubridge's kernels") {
+            return;
+        }
+        let programs = crate::ops::shipped_programs().unwrap();
+        let f32: Vec<_> = (programs.iter())
+            .filter(|p| p.name.contains("float32_float32"))
+            .collect();
+        assert!(f32.len() >= 12, "{}", f32.len());
+        for p in f32 {
+            let image = nvrtc::compile_for(&p.source, &p.name, nvrtc::Target::Ptx(90), &p.options)
+                .unwrap_or_else(|e| panic!("{}: {e}", p.name));
+            let ptx = String::from_utf8_lossy(&image);
+            assert!(!ptx.contains(".local"), "{} uses local memory", p.name);
+        }
+    }
+
     #[test]
     fn own_programs_compile() {
         if !nvrtc::test_dir("cubridge's kernels") {

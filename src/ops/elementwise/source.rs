@@ -106,31 +106,36 @@ pub(crate) fn types_prelude(spec: &Spec, sig: &Signature) -> String {
 /// The kernel parameters of `variant`, declared in [`order`].
 fn kernel_params(sig: &Signature, variant: Variant) -> String {
     let declare = |slot: &Slot| match *slot {
-        Slot::Operands { strided } => operand_list(sig, strided),
+        Slot::Operands { strided } => operand_list(sig, strided, false),
         Slot::Count => vec!["long long n".into()],
-        Slot::Shape => vec!["CbShape g".into()],
+        Slot::Shape => vec!["CB_PARAM CbShape g".into()],
         Slot::Tile => vec!["int tile".into()],
     };
     let params: Vec<String> = order(variant).iter().flat_map(declare).collect();
     params.join(", ")
 }
 
-/// Each parameter as a declaration (`strided`: element operands as CbStrided).
-fn operand_list(sig: &Signature, strided: bool) -> Vec<String> {
+/// Each parameter as a declaration (`strided`: element operands as CbStrided): struct ones in
+/// place (`CB_PARAM`, abi.cuh) as the kernel's parameters, or as `member`s, references to them.
+fn operand_list(sig: &Signature, strided: bool, member: bool) -> Vec<String> {
     let ty = |k: usize| c_type(sig.dtypes[k]);
+    let structure = |t: String, k: usize| match member {
+        true => format!("const {t}& p{k}"),
+        false => format!("CB_PARAM {t} p{k}"),
+    };
     (0..sig.roles.len())
         .map(|k| match sig.roles[k] {
-            Role::Element if strided => format!("CbStrided<{}> p{k}", ty(k)),
+            Role::Element if strided => structure(format!("CbStrided<{}>", ty(k)), k),
             Role::Element => format!("{}* p{k}", ty(k)),
             Role::Value => format!("{} p{k}", ty(k)),
-            Role::Raw => format!("CbRaw<{}> p{k}", ty(k)),
+            Role::Raw => structure(format!("CbRaw<{}>", ty(k)), k),
         })
         .collect()
 }
 
 /// Each parameter as a member of an `Ops` struct.
 fn members(sig: &Signature, strided: bool) -> String {
-    operand_list(sig, strided)
+    operand_list(sig, strided, true)
         .iter()
         .map(|d| format!("{d};\n"))
         .collect()

@@ -394,7 +394,7 @@ unsafe fn launch_plan(
     unsafe { crate::cuda::launch::launch(pass, grid, block, 0, stream, list()?.pointers())? };
     if plan.chunks > 1 {
         let fold = functions[1] as crate::cuda::sys::CUfunction;
-        let grid = (blocks(plan.n_out, plan::FINAL_GROUP, 1)?, 1, 1);
+        let grid = (blocks(plan.n_out, plan::final_group(plan.group), 1)?, 1, 1);
         // SAFETY: as above; the pass's partial results come first on the same stream.
         unsafe { crate::cuda::launch::launch(fold, grid, block, 0, stream, list()?.pointers())? };
     }

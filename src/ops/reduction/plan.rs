@@ -24,8 +24,15 @@ use crate::ops::plan::Operand;
 
 /// Threads of a block of the reduction kernels (a multiple of every group).
 pub const BLOCK: u32 = 256;
-/// Threads that reduce one output's chunks in the second kernel.
-pub const FINAL_GROUP: u32 = 32;
+/// Threads that reduce one output's chunks in the second kernel: the block where the first
+/// kernel gives each output a block (few outputs, each with many chunks), else a warp.
+pub fn final_group(group: u32) -> u32 {
+    if group == BLOCK {
+        BLOCK
+    } else {
+        32
+    }
+}
 /// The most chunks an output's elements are split into (rows of blocks: at most 65535).
 const MAX_CHUNKS: usize = 4096;
 /// Packs a thread loads before it folds them (`CBR_UNROLL` in `kernels/reduce.cuh`).

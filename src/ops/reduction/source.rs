@@ -79,10 +79,10 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
     for k in 0..n {
         let t = ty(k);
         let _ = match (sig.roles[k], k < nin) {
-            (Role::Element, true) => writeln!(members, "CbRedIn<{t}> p{k};"),
-            (Role::Element, false) => writeln!(members, "CbStrided<{t}> p{k};"),
+            (Role::Element, true) => writeln!(members, "const CbRedIn<{t}>& p{k};"),
+            (Role::Element, false) => writeln!(members, "const CbStrided<{t}>& p{k};"),
             (Role::Value, _) => writeln!(members, "{t} p{k};"),
-            (Role::Raw, _) => writeln!(members, "CbRaw<{t}> p{k};"),
+            (Role::Raw, _) => writeln!(members, "const CbRaw<{t}>& p{k};"),
         };
         if element(k) {
             let strides = if k < nin { "ks" } else { "s" };
@@ -129,7 +129,7 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
         .collect();
     format!(
         "struct CbRedOps {{\ntypedef _type_reduce R;\nstatic constexpr int V = {width};\n\
-         {members}CbRedShape g;\nstruct Item {{ {offsets}}};\n\
+         {members}const CbRedShape& g;\nstruct Item {{ {offsets}}};\n\
          __device__ __forceinline__ Item item(long long o) const {{\n\
          Item it; (void)o; {items}return it;\n}}\n\
          template <bool ONE> __device__ __forceinline__ R at(const Item& it, long long j) const {{\n\
@@ -161,13 +161,13 @@ pub fn program(r: &ReductionSpec, sig: &Signature, variant: Variant) -> Program 
         .map(|k| {
             let t = c_type(sig.dtypes[k]);
             match (sig.roles[k], k < nin) {
-                (Role::Element, true) => format!("CbRedIn<{t}> p{k}"),
-                (Role::Element, false) => format!("CbStrided<{t}> p{k}"),
+                (Role::Element, true) => format!("CB_PARAM CbRedIn<{t}> p{k}"),
+                (Role::Element, false) => format!("CB_PARAM CbStrided<{t}> p{k}"),
                 (Role::Value, _) => format!("{t} p{k}"),
-                (Role::Raw, _) => format!("CbRaw<{t}> p{k}"),
+                (Role::Raw, _) => format!("CB_PARAM CbRaw<{t}> p{k}"),
             }
         })
-        .chain(["CbRedShape g".into(), "void* partial".into()])
+        .chain(["CB_PARAM CbRedShape g".into(), "void* partial".into()])
         .collect();
     let init: String = (0..sig.roles.len()).map(|k| format!("p{k}, ")).collect();
     let v = if variant.vector { "v" } else { "" };
@@ -181,7 +181,7 @@ pub fn program(r: &ReductionSpec, sig: &Signature, variant: Variant) -> Program 
         params = params.join(", "),
         g = variant.group,
         vec = variant.vector,
-        fg = super::plan::FINAL_GROUP,
+        fg = super::plan::final_group(variant.group),
     );
     Program {
         name: elementwise::program_name(&spec.name, sig, &function),
