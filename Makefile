@@ -48,7 +48,8 @@ build: $(VENV)/.build-deps
 	@echo "building cubridge (release) into .venv: about 3 min the first time on 2 cores, seconds after"
 	$(BIN)/maturin develop --release -q
 
-## wheel: a release abi3 wheel in target/wheels, manylinux_2_28 for this host's architecture
+## wheel: the release abi3 wheels in target/wheels, one for Python 3.11 and one for 3.12 and newer
+## (which calls producers through vectorcall), manylinux_2_28 for this host's architecture
 ## (linked through zig against glibc 2.28, whatever this host's glibc), that ships add's kernels
 ## for the common dtypes, compiled here by NVRTC from the nvidia pip packages (no CUDA toolkit):
 ## cubins for each major version from sm_80 on that this NVRTC knows, and PTX for the newest
@@ -64,16 +65,20 @@ wheel: $(VENV)/.build-deps $(NVIDIA)/.done
 		cargo run --release --quiet --example ship_kernels -- $(SHIP)
 	rm -f target/wheels/cubridge-*.whl
 	PATH=$(BIN):$$PATH CUBRIDGE_SHIP_KERNELS=$(SHIP) $(BIN)/maturin build --release -q --zig
+	PATH=$(BIN):$$PATH CUBRIDGE_SHIP_KERNELS=$(SHIP) $(BIN)/maturin build --release -q --zig \
+		--features py312
 
 ## wheel-check: auditwheel's verdict on the wheel make wheel built (it must be manylinux_2_28),
 ## then the wheel installed into a clean venv (no dependencies) and imported there
 CHECK_VENV := $(CURDIR)/target/wheel-check-venv
 wheel-check: $(VENV)/.build-deps
-	$(BIN)/auditwheel show target/wheels/cubridge-*.whl | tee target/auditwheel.txt
-	tr '\n' ' ' < target/auditwheel.txt | grep -q 'consistent with the following platform tag: "manylinux_2_28_' || { \
-		echo "auditwheel does not find the wheel manylinux_2_28" >&2; exit 1; }
+	for w in target/wheels/cubridge-*.whl; do \
+		$(BIN)/auditwheel show $$w | tee target/auditwheel.txt; \
+		tr '\n' ' ' < target/auditwheel.txt | grep -q 'consistent with the following platform tag: "manylinux_2_28_' || { \
+			echo "auditwheel does not find $$w manylinux_2_28" >&2; exit 1; }; \
+	done
 	rm -rf $(CHECK_VENV) && $(PY_FOUND) -m venv $(CHECK_VENV)
-	$(CHECK_VENV)/bin/python -m pip install -q --no-deps target/wheels/cubridge-*.whl
+	$(CHECK_VENV)/bin/python -m pip install -q --no-deps --no-index --find-links target/wheels cubridge
 	cd / && $(CHECK_VENV)/bin/python -c 'import cubridge, cubridge.cuda; \
 		print("cubridge", cubridge.__file__, len(cubridge.cuda.shipped_kernels()), "cubins shipped")'
 
@@ -127,6 +132,7 @@ lint: build $(VENV)/.lint-deps $(ABOUT)
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
+	PYO3_BUILD_EXTENSION_MODULE=1 PYO3_NO_PYTHON=1 cargo clippy --lib --features py312 -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features python
 	cargo fmt --manifest-path examples/extension/Cargo.toml -- --check
 	cargo clippy --manifest-path examples/extension/Cargo.toml -- -D warnings
