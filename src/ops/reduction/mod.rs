@@ -371,14 +371,11 @@ unsafe fn launch_plan(
     let list = || params::list(plan, operands.iter().map(params::Param::copy), nin, p);
     let ordinal = launch.ordinal();
     // Blocks of outputs, a row of them per chunk, at most what the device holds at once in
-    // all (the kernels loop over the outputs), but for short rows, a thread each.
+    // all (the kernels loop over the outputs).
     let blocks = |items: usize, group: u32, rows: usize| {
         let wanted = (items * group as usize).div_ceil(plan::BLOCK as usize);
-        let most = match plan.one_output_a_thread() {
-            true => i32::MAX as usize,
-            false => crate::cuda::kernels::grid(ordinal, usize::MAX, plan::BLOCK)? as usize,
-        };
-        Ok::<u32, Error>(wanted.clamp(1, most.div_ceil(rows).max(1)) as u32)
+        let resident = crate::cuda::kernels::grid(ordinal, usize::MAX, plan::BLOCK)? as usize;
+        Ok::<u32, Error>(wanted.clamp(1, resident.div_ceil(rows).max(1)) as u32)
     };
     let (stream, block) = (launch.stream().handle(), (plan::BLOCK, 1, 1));
     // Columns in packs: a block's threads along the outputs cover them (a power of two), the

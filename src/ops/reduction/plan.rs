@@ -158,15 +158,6 @@ impl ReductionPlan {
     }
 }
 
-impl ReductionPlan {
-    /// Whether the first kernel gives each thread one output of a few elements (short rows),
-    /// launched with a thread for every output: a thread that looped over outputs would wait
-    /// for each output's store before it issued the next one's loads.
-    pub fn one_output_a_thread(&self) -> bool {
-        self.group == 1 && self.per_thread == 1 && self.chunks == 1 && self.n_red <= SHORT_ROW
-    }
-}
-
 /// Dimensions of `extents` that `strides` (one list per operand) walk together: ordered by the
 /// first operand's strides where `reorder`, merged where `merge`, at most [`MAX_DIMS`].
 fn group(
@@ -294,7 +285,6 @@ mod tests {
             (p.kept.clone(), p.red.clone()),
             (vec![1], vec![4096 * 1000])
         );
-        assert!(!p.one_output_a_thread());
         assert_eq!(p.group, BLOCK);
         assert!(p.chunks > 100 && p.chunks * 256 * 4 * UNROLL <= 4096 * 1000);
         // A misaligned view keeps the order of operations, without packs.
@@ -320,7 +310,6 @@ mod tests {
         };
         let p = ReductionPlan::new(&w, false, true, 4, 132).unwrap();
         assert_eq!((p.group, p.chunks, p.n_out), (1, 1, 1_000_000));
-        assert!(p.one_output_a_thread());
     }
 
     #[test]
