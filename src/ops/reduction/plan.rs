@@ -120,12 +120,15 @@ impl ReductionPlan {
         let unit_kept = kept_strides.first().is_none_or(|s| s[s.len() - 1] == 1);
         let (group, mut chunks) = strategy(n_out, n_red, (unit_red, unit_kept), width, sms);
         // Packs start at aligned addresses: the first elements' are, and the kept strides are
-        // multiples of the pack (but the innermost for columns, whose threads take packs of it).
+        // multiples of the pack (but the innermost for columns, whose threads take packs of it;
+        // and but those of extent 1, never stepped: a whole array's one output).
         let aligned = |inner: usize| {
             walk.inputs.iter().zip(&kept_strides).all(|(o, s)| {
-                let outer = &s[..s.len() - inner];
+                let outer = s[..s.len() - inner].iter().zip(&kept);
                 o.address % (width * o.itemsize) == 0
-                    && outer.iter().all(|&k| k % width as isize == 0)
+                    && outer
+                        .filter(|&(_, &e)| e > 1)
+                        .all(|(&k, _)| k % width as isize == 0)
             })
         };
         // Columns in packs: every element input has unit strides along the outputs, whose
@@ -286,6 +289,7 @@ mod tests {
             (vec![1], vec![4096 * 1000])
         );
         assert_eq!(p.group, BLOCK);
+        assert!(p.vector, "a whole aligned array moves packs");
         assert!(p.chunks > 100 && p.chunks * 256 * 4 * UNROLL <= 4096 * 1000);
         // A misaligned view keeps the order of operations, without packs.
         let shifted = [op(&x, 260)];
