@@ -68,8 +68,9 @@ wheel: $(VENV)/.build-deps $(NVIDIA)/.done
 	PATH=$(BIN):$$PATH CUBRIDGE_SHIP_KERNELS=$(SHIP) $(BIN)/maturin build --release -q --zig \
 		--features py312
 
-## wheel-check: auditwheel's verdict on the wheel make wheel built (it must be manylinux_2_28),
-## then the wheel installed into a clean venv (no dependencies) and imported there
+## wheel-check: auditwheel's verdict on the wheels make wheel built (each must be manylinux_2_28),
+## then the one pip picks installed into a clean venv (no dependencies) and imported there, and
+## the same with a python3.12 where there is one
 CHECK_VENV := $(CURDIR)/target/wheel-check-venv
 wheel-check: $(VENV)/.build-deps
 	for w in target/wheels/cubridge-*.whl; do \
@@ -81,6 +82,11 @@ wheel-check: $(VENV)/.build-deps
 	$(CHECK_VENV)/bin/python -m pip install -q --no-deps --no-index --find-links target/wheels cubridge
 	cd / && $(CHECK_VENV)/bin/python -c 'import cubridge, cubridge.cuda; \
 		print("cubridge", cubridge.__file__, len(cubridge.cuda.shipped_kernels()), "cubins shipped")'
+	if command -v python3.12 >/dev/null; then \
+		rm -rf $(CHECK_VENV) && python3.12 -m venv $(CHECK_VENV) && \
+		$(CHECK_VENV)/bin/python -m pip install -q --no-deps --no-index --find-links target/wheels cubridge && \
+		cd / && $(CHECK_VENV)/bin/python -c 'import cubridge; print("cubridge on 3.12:", cubridge.__file__)'; \
+	else echo "no python3.12 here: the wheel for 3.12 and newer was checked by auditwheel only"; fi
 
 ## demo: build, then run examples/demo.py (CUDA when present, else the CPU)
 demo: build
@@ -131,9 +137,9 @@ lint: build $(VENV)/.lint-deps $(ABOUT)
 		echo "THIRD-PARTY-NOTICES is out of date with Cargo.lock: run make notices" >&2; exit 1; }
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
-	cargo clippy --all-targets --features python -- -D warnings
+	cargo clippy --all-targets --features abi3 -- -D warnings
 	PYO3_BUILD_EXTENSION_MODULE=1 PYO3_NO_PYTHON=1 cargo clippy --lib --features py312 -- -D warnings
-	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features python
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features abi3
 	cargo fmt --manifest-path examples/extension/Cargo.toml -- --check
 	cargo clippy --manifest-path examples/extension/Cargo.toml -- -D warnings
 	$(BIN)/ruff check .

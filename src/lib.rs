@@ -25,6 +25,12 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+// A wheel for the limited API of 3.11 must not call what the limited API has only from 3.12.
+#[cfg(all(feature = "abi3", feature = "vectorcall"))]
+compile_error!(
+    "the `vectorcall` feature needs the limited API of Python 3.12 (feature `py312`), not `abi3` (3.11)"
+);
+
 pub mod array;
 pub mod cpu;
 pub mod cuda;

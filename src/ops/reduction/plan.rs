@@ -338,7 +338,8 @@ mod tests {
 
     #[test]
     fn large_columns_fill_the_device_and_small_work_takes_one_launch() {
-        // 2^15 columns of 2^15: one thread each would keep an eighth of 132 SMs busy.
+        // 2^15 columns of 2^15: one thread each would keep a quarter of the threads the split aims
+        // at on 132 SMs busy.
         let (group, chunks) = strategy(1 << 15, 1 << 15, (false, true), 4, 132);
         assert_eq!(group, 1);
         assert!(chunks * (1 << 15) >= 132 * SPLIT_THREADS_PER_SM);
