@@ -10,7 +10,7 @@ use super::operands::{
 };
 use super::stream::Use;
 use super::types::PyArray;
-use super::types::{parse_device, parse_dtype};
+use super::types::{parse_device, parse_optional_device, parse_optional_dtype};
 use crate::array::Array;
 use crate::cpu::element::Scalar;
 use crate::cuda::stream::LEGACY;
@@ -52,9 +52,7 @@ pub(super) fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
 }
 
 fn dtype_or(dtype: Option<&Bound<'_, PyAny>>, default: DType) -> PyResult<DType> {
-    dtype
-        .filter(|d| !d.is_none())
-        .map_or(Ok(default), parse_dtype)
+    Ok(parse_optional_dtype(dtype)?.unwrap_or(default))
 }
 
 /// A new array of `shape` with unspecified contents; `dtype` defaults to float32 and
@@ -194,8 +192,8 @@ pub fn arange(
         Some(step) => creation_item(step, "arange's step")?,
         None => (Scalar::Int(1), None),
     };
-    let dtype = match dtype.filter(|d| !d.is_none()) {
-        Some(d) => parse_dtype(d)?,
+    let dtype = match parse_optional_dtype(dtype)? {
+        Some(d) => d,
         None => arange_dtype(&[start, stop, step]),
     };
     let a = ops::arange(start.0, stop.0, step.0, dtype, parse_device(device)?)?;
@@ -239,10 +237,7 @@ pub fn from_dlpack(
     copy: Option<bool>,
 ) -> PyResult<PyArray> {
     let _restore = crate::cuda::context::Restore::new();
-    let device = device
-        .filter(|d| !d.is_none())
-        .map(|d| parse_device(Some(d)))
-        .transpose()?;
+    let device = parse_optional_device(device)?;
     let imported = import(x, LEGACY, Use::Kept)?;
     Ok(PyArray::new(finish(py, imported, None, device, copy)?))
 }
@@ -268,14 +263,8 @@ pub fn asarray(
     copy: Option<bool>,
 ) -> PyResult<PyArray> {
     let _restore = crate::cuda::context::Restore::new();
-    let dtype = dtype
-        .filter(|d| !d.is_none())
-        .map(parse_dtype)
-        .transpose()?;
-    let device = device
-        .filter(|d| !d.is_none())
-        .map(|d| parse_device(Some(d)))
-        .transpose()?;
+    let dtype = parse_optional_dtype(dtype)?;
+    let device = parse_optional_device(device)?;
     let target = device.unwrap_or(crate::Device::Cpu);
     if let Some(array) = from_sequence(obj, dtype, target)? {
         return copied_values(array, copy);

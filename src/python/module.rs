@@ -2,7 +2,7 @@
 //! its variables. Conversion only; the module lives in `ops::module`.
 
 use super::kernels::PyRawKernel;
-use super::types::{parse_device, parse_dtype, PyArray};
+use super::types::{parse_optional_device, parse_optional_dtype, PyArray};
 use crate::error::Error;
 use crate::ops::module::RawModule;
 use crate::ops::raw::RawKernel;
@@ -71,14 +71,6 @@ fn strings(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<String>> 
         .collect()
 }
 
-/// A device argument: `None` for the current CUDA device.
-fn device_arg(device: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::Device>> {
-    device
-        .filter(|d| !d.is_none())
-        .map(|d| parse_device(Some(d)))
-        .transpose()
-}
-
 #[pymethods]
 impl PyRawModule {
     #[new]
@@ -113,7 +105,7 @@ impl PyRawModule {
     #[pyo3(signature = (device=None))]
     fn compile(&self, py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let _restore = crate::cuda::context::Restore::new();
-        let device = device_arg(device)?;
+        let device = parse_optional_device(device)?;
         Ok(py.detach(|| self.inner.compile(device))?)
     }
 
@@ -148,10 +140,7 @@ impl PyRawModule {
         shape: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyArray> {
         let _restore = crate::cuda::context::Restore::new();
-        let dtype = dtype
-            .filter(|d| !d.is_none())
-            .map(parse_dtype)
-            .transpose()?;
+        let dtype = parse_optional_dtype(dtype)?;
         let shape = (shape.filter(|s| !s.is_none()))
             .map(super::functions::parse_shape)
             .transpose()?;

@@ -4,7 +4,7 @@
 
 use super::kernels::{call_operands, returned, CallOperands};
 use super::operands::{take_arrays, Access};
-use super::types::{parse_dtype, PyArray};
+use super::types::{parse_optional_dtype, PyArray};
 use crate::cpu::reduce::Op;
 use crate::error::Error;
 use crate::ops::reduction::spec::{Code, ReductionSpec};
@@ -171,10 +171,7 @@ fn reduce(
     let explicit = super::stream::parse(stream)?;
     let out = out.filter(|o| !o.is_none());
     let axis = parse_axis(axis)?;
-    let dtype = dtype
-        .filter(|d| !d.is_none())
-        .map(parse_dtype)
-        .transpose()?;
+    let dtype = parse_optional_dtype(dtype)?;
     let mut arrays: [Option<crate::Array>; 2] = [None, None];
     let (stream, waits) = take_arrays(
         &[Some(x), out],

@@ -242,6 +242,19 @@ fn numpy_dtype(obj: &Bound<'_, PyAny>) -> Option<PyResult<DType>> {
     Some(read())
 }
 
+/// Reads an optional dtype argument: `None` (or an absent one) stays `None`.
+pub fn parse_optional_dtype(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<DType>> {
+    obj.filter(|d| !d.is_none()).map(parse_dtype).transpose()
+}
+
+/// Reads an optional device argument: `None` (or an absent one) stays `None`, for the caller's
+/// own default.
+pub fn parse_optional_device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Device>> {
+    obj.filter(|d| !d.is_none())
+        .map(|d| parse_device(Some(d)))
+        .transpose()
+}
+
 /// Reads a device argument whose default (None) is cpu: the creation functions', `to_device`'s.
 /// See [`device_spec`] for the forms it takes.
 pub fn parse_device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
