@@ -429,6 +429,30 @@ def test_runs_on_the_current_torch_stream_after_its_writes():
     assert r.item() == 2.0 * (1 << 16)
 
 
+@pytest.mark.cuda
+@cuda
+def test_a_sum_does_not_wait_for_unrelated_work_on_another_stream():
+    """A whole-array sum (two kernels and a scratch buffer of partial results) and a sum over
+    rows, allocating their results, return while another stream still has 0.1 s queued."""
+    import time
+
+    cycles = int(0.1 * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    x = torch.ones(1 << 22, device="cuda")
+    rows = x.view(1024, -1)
+    cb.sum(x), cb.sum(rows, axis=-1)  # compiled or loaded before the clock starts
+    torch.cuda.synchronize()
+    busy = torch.cuda.Stream()
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(cycles)
+    start = time.perf_counter()
+    whole, per_row = cb.sum(x), cb.sum(rows, axis=-1)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.05, f"the sums waited {elapsed * 1e3:.1f} ms for an unrelated stream"
+    torch.cuda.synchronize()
+    assert torch.from_dlpack(whole).item() == 1 << 22
+    assert (torch.from_dlpack(per_row) == 4096).all()
+
+
 _SHIPPED_CHILD = r"""
 import json, torch, cubridge as cb
 failed = []
