@@ -191,6 +191,27 @@ def test_reader_sees_the_values_of_the_writers_still_queued_kernel(reader):
 
 
 @pytest.mark.cuda
+def test_an_array_sent_again_and_new_ones_in_its_place_arrive_with_their_own_values(reader):
+    """The first send travels with an interprocess event (the write is still queued), the second
+    without one (the write is complete) and on the export data kept from the first; arrays
+    allocated after it is freed, which the pool may place at its address, have data of their
+    own."""
+    a = cb.zeros(N, dtype="float32", device="cuda")
+    late_write(a, cb.cuda.Stream())
+    expected = 3.0 * np.arange(N, dtype=np.float32) + 1.0
+    np.testing.assert_array_equal(reader(children.host_copy, a), expected)
+    cb.cuda.synchronize()
+    np.testing.assert_array_equal(reader(children.host_copy, a), expected)
+    del a
+    for value in (5.0, 6.0):
+        reader(children.settle)
+        gc.collect()
+        b = cb.asarray(np.full(N, value, dtype=np.float32), device="cuda")
+        np.testing.assert_array_equal(reader(children.host_copy, b), np.full(N, value, np.float32))
+        del b
+
+
+@pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_an_array_read_back_where_it_was_sent_is_the_same_memory():
     cb.cuda.set_shareable(True)

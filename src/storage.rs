@@ -173,10 +173,10 @@ impl Buffer {
         self.ptr
     }
 
-    /// The start and size of the CUDA allocation this buffer is, where cubridge made it.
-    pub fn cuda_block(&self) -> Option<(u64, usize)> {
+    /// The CUDA allocation this buffer is, where cubridge made it.
+    pub fn cuda_alloc(&self) -> Option<&crate::cuda::memory::CudaAlloc> {
         match &self.owner {
-            Owner::Storage(Storage::Cuda(alloc)) => Some(alloc.block()),
+            Owner::Storage(Storage::Cuda(alloc)) => Some(alloc),
             _ => None,
         }
     }

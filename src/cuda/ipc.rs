@@ -19,6 +19,7 @@
 //! device has run everything queued, and only then is the count lowered, so the writer frees
 //! the block after every reader has let go, as the driver requires.
 
+use super::memory::CudaAlloc;
 use super::stream::{self, Event, Stream};
 use super::{check, context};
 use crate::error::{Error, Result};
@@ -119,8 +120,9 @@ pub use wire::Wire;
 /// A buffer sent to another process, kept here until its count is zero.
 struct Parked {
     slot: usize,
-    event: usize,
-    handle: [u8; 64],
+    /// The interprocess event the reader waits for, with its handle (none where the buffer's
+    /// last write was complete when it was sent).
+    event: Option<(usize, [u8; 64])>,
     ordinal: u32,
     keep: Box<dyn Any + Send + Sync>,
 }
@@ -139,12 +141,13 @@ pub struct Export {
     pub base: u64,
 }
 
-/// Exports the pool block holding `ptr` (device memory of `ordinal`) for one reader. The
-/// reader's work waits for `pending` (the last write) on the device. `keep` holds the memory;
-/// it is parked until the reader has let go.
+/// Exports the pool block holding `ptr` (device memory of `ordinal`; `alloc`, where cubridge
+/// allocated it) for one reader. The reader's work waits for `pending` (the last write) on the
+/// device, through an interprocess event, unless that write is already complete. `keep` holds
+/// the memory; it is parked until the reader has let go.
 pub fn export(
     ptr: u64,
-    block: Option<(u64, usize)>,
+    alloc: Option<&CudaAlloc>,
     ordinal: u32,
     pending: Option<Arc<Event>>,
     keep: Box<dyn Any + Send + Sync>,
@@ -152,21 +155,22 @@ pub fn export(
     context::bind(ordinal)?;
     reap();
     let pool = sharing_pool(ordinal)?;
-    let (base, size) = block_of(ptr, block, pool)?;
     // The driver exports an allocation only from a pool it has already shared (a pool exported
     // to a handle), so the pool's descriptor comes first.
     let pool_fd = pool_fd(ordinal, pool)?;
-    let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
-    // SAFETY: `base` is a live block of an IPC-capable, shared pool; the data goes to a local.
-    let r = unsafe { sys::cuMemPoolExportPointer(&mut data, base) };
-    check(r.result(), "exporting device memory")?;
+    let (base, size, pointer) = exported_block(ptr, alloc, pool)?;
     // Everything that may fail comes before the event and the slot, which must be given back.
     let (uuid, counters_fd) = (device_uuid(ordinal)?, counters::own_fd()?);
-    let (event, handle) = interprocess_event(ordinal, pending)?;
+    let event = match pending.filter(|write| !write.is_done()) {
+        Some(write) => Some(interprocess_event(ordinal, &write)?),
+        None => None,
+    };
     let slot = match counters::take_slot() {
         Ok(slot) => slot,
         Err(e) => {
-            destroy_event(event, ordinal);
+            if let Some((event, _)) = event {
+                destroy_event(event, ordinal);
+            }
             return Err(e);
         }
     };
@@ -179,13 +183,12 @@ pub fn export(
         uuid,
         size: size as u64,
         base,
-        pointer: data.reserved,
-        event: handle,
+        pointer,
+        event: event.map(|(_, handle)| handle),
     };
     crate::lock(&PARKED).push(Parked {
         slot,
         event,
-        handle,
         ordinal,
         keep,
     });
@@ -195,6 +198,28 @@ pub fn export(
         pool_fd,
         base,
     })
+}
+
+/// The start, size and export data of the block holding `ptr`. An allocation of cubridge's
+/// keeps its data after its first export: later sends of it make no driver call here.
+fn exported_block(
+    ptr: u64,
+    alloc: Option<&CudaAlloc>,
+    pool: sys::CUmemoryPool,
+) -> Result<(u64, usize, [u8; 64])> {
+    let block = alloc.map(CudaAlloc::block);
+    if let (Some((base, size)), Some(data)) = (block, alloc.and_then(|a| a.export_data().get())) {
+        return Ok((base, size, *data));
+    }
+    let (base, size) = block_of(ptr, block, pool)?;
+    let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
+    // SAFETY: `base` is a live block of an IPC-capable, shared pool; the data goes to a local.
+    let r = unsafe { sys::cuMemPoolExportPointer(&mut data, base) };
+    check(r.result(), "exporting device memory")?;
+    if let Some(alloc) = alloc {
+        let _ = alloc.export_data().set(data.reserved);
+    }
+    Ok((base, size, data.reserved))
 }
 
 /// The start and size of the block holding `ptr` (`block` where the caller knows the
@@ -233,11 +258,9 @@ fn block_of(
 
 /// An interprocess event recorded after `pending` (on cubridge's own stream, which waits for
 /// it on the device), and its handle.
-fn interprocess_event(ordinal: u32, pending: Option<Arc<Event>>) -> Result<(usize, [u8; 64])> {
+fn interprocess_event(ordinal: u32, pending: &Event) -> Result<(usize, [u8; 64])> {
     let on = ipc_stream(ordinal)?;
-    if let Some(event) = pending {
-        event.wait(on)?;
-    }
+    pending.wait(on)?;
     let spare = {
         let mut spare = crate::lock(&SPARE_EVENTS);
         let i = spare.iter().position(|&(o, ..)| o == ordinal);
@@ -349,13 +372,14 @@ fn is_own(wire: &Wire) -> bool {
     (wire.pid, wire.nonce) == identity()
 }
 
-/// The interprocess event of this process's receipt in `slot`, while the receipt holds it.
-fn parked_event(slot: u32) -> Option<usize> {
+/// The interprocess event of this process's receipt in `slot` (`None` for none), while the
+/// receipt holds it; `None` once it does not.
+fn parked_event(slot: u32) -> Option<Option<usize>> {
     let parked = crate::lock(&PARKED);
     parked
         .iter()
         .find(|p| p.slot == slot as usize)
-        .map(|p| p.event)
+        .map(|p| p.event.map(|(event, _)| event))
 }
 
 /// Lets go of the parked buffers whose readers have all let go, or died.
@@ -373,7 +397,9 @@ pub fn reap() {
     };
     N_PARKED.fetch_sub(done.len(), Ordering::AcqRel);
     for p in done {
-        spare_event(p.ordinal, p.event, p.handle);
+        if let Some((event, handle)) = p.event {
+            spare_event(p.ordinal, event, handle);
+        }
         counters::give_back(p.slot);
         drop(p.keep);
     }

@@ -51,6 +51,9 @@ pub struct CudaAlloc {
     bytes: usize,
     kind: MemoryKind,
     uses: Uses,
+    /// Its `cuMemPoolExportPointer` data, once it has been sent to another process: the same
+    /// for every send of this allocation, and the driver call costs tens of microseconds.
+    export_data: std::sync::OnceLock<[u8; 64]>,
 }
 
 // SAFETY: an allocation is a plain address owned uniquely; freeing binds the right context on
@@ -453,6 +456,7 @@ impl CudaAlloc {
             bytes,
             kind,
             uses: Uses::default(),
+            export_data: std::sync::OnceLock::new(),
         }
     }
 
@@ -469,6 +473,13 @@ impl CudaAlloc {
     /// The allocation's start and size in bytes, as the allocator returned them.
     pub fn block(&self) -> (u64, usize) {
         (self.ptr, self.bytes)
+    }
+
+    /// The export data of this allocation for other processes, kept once made (see
+    /// [`super::ipc::export`]); it lives and dies with the allocation, since a later allocation
+    /// at the same address has data of its own.
+    pub fn export_data(&self) -> &std::sync::OnceLock<[u8; 64]> {
+        &self.export_data
     }
 
     /// What kind of memory this is.

@@ -89,8 +89,8 @@ pub fn _ipc_export<'py>(py: Python<'py>, array: PyRef<'_, PyArray>) -> PyResult<
         .into());
     };
     let keep: Box<dyn std::any::Any + Send + Sync> = Box::new(a.buffer().clone());
-    let block = a.buffer().cuda_block();
-    let export = ipc::export(a.data_ptr() as u64, block, ordinal, a.pending()?, keep)?;
+    let alloc = a.buffer().cuda_alloc();
+    let export = ipc::export(a.data_ptr() as u64, alloc, ordinal, a.pending()?, keep)?;
     // The first element's place in the block (the layout's own offset is relative to this
     // process's buffer, which need not start the block).
     let offset = (a.data_ptr() as u64 - export.base) as usize;
@@ -147,7 +147,10 @@ pub fn _ipc_import(
             readonly,
         )
     };
-    Ok(PyArray::new(array.with_pending(stream, event)))
+    Ok(PyArray::new(match event {
+        Some(event) => array.with_pending(stream, event),
+        None => array,
+    }))
 }
 
 /// Whether the pool of the array that `wire` describes must be imported here (its file

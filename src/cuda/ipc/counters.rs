@@ -191,7 +191,7 @@ mod tests {
             size: 0,
             base: 0,
             pointer: [0; 64],
-            event: [0; 64],
+            event: None,
         }
     }
 

@@ -51,11 +51,12 @@ type BlockKey = (u64, [u8; 64]);
 
 /// Maps the block that `wire` describes (`pool_fd`: the exporter's pool, taken and closed),
 /// with a stream of this process and an event on it after the exporter's last write of the
-/// block, which consumers wait for: the array's pending write.
+/// block, which consumers wait for: the array's pending write (none where that write was
+/// complete when the block was sent).
 pub fn import(
     wire: &Wire,
     pool_fd: Option<std::os::fd::OwnedFd>,
-) -> Result<(Arc<Mapping>, Stream, Event)> {
+) -> Result<(Arc<Mapping>, Stream, Option<Event>)> {
     let ordinal = ordinal_of(&wire.uuid)?;
     context::bind(ordinal)?;
     let counter = counters::remote(wire)?;
@@ -161,19 +162,26 @@ fn imported_pool(
 }
 
 /// An event after the exporter's last write of the block: cubridge's stream waits for the
-/// exporter's interprocess event and records one of its own, which consumers wait for.
-fn wait_for_writer(wire: &Wire, on: Stream, ordinal: u32) -> Result<Event> {
+/// exporter's interprocess event and records one of its own, which consumers wait for. `None`
+/// where the exporter sent no event (its write was complete).
+fn wait_for_writer(wire: &Wire, on: Stream, ordinal: u32) -> Result<Option<Event>> {
     if is_own(wire) {
         // This process's own event, which the receipt keeps parked.
         let event = parked_event(wire.slot)
             .ok_or_else(|| Error::invalid("this process no longer holds the array it sent"))?;
+        let Some(event) = event else {
+            return Ok(None);
+        };
         // SAFETY: a live event of this device and a live stream of the current context.
         let waited = unsafe { sys::cuStreamWaitEvent(on.handle(), event as sys::CUevent, 0) };
         check(waited.result(), "ordering after the sender's write")?;
-        return Event::record(on, ordinal);
+        return Event::record(on, ordinal).map(Some);
     }
+    let Some(handle) = wire.event else {
+        return Ok(None);
+    };
     let handle = sys::CUipcEventHandle {
-        reserved: wire.event.map(|b| b as std::ffi::c_char),
+        reserved: handle.map(|b| b as std::ffi::c_char),
     };
     let mut event: sys::CUevent = std::ptr::null_mut();
     // SAFETY: a handle from the exporter, whose event lives until this process lowers the
@@ -185,7 +193,7 @@ fn wait_for_writer(wire: &Wire, on: Stream, ordinal: u32) -> Result<Event> {
     // The wait holds what it needs: the opened handle can go at once.
     destroy_event(event as usize, ordinal);
     check(waited.result(), "ordering after another process's write")?;
-    Event::record(on, ordinal)
+    Event::record(on, ordinal).map(Some)
 }
 
 impl Drop for Mapping {

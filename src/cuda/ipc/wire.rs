@@ -3,8 +3,8 @@
 
 use crate::error::{Error, Result};
 
-const TAG: &[u8; 4] = b"CBI1";
-const LEN: usize = 4 + 4 + 8 + 4 + 4 + 16 + 8 + 8 + 64 + 64;
+const TAG: &[u8; 4] = b"CBI2";
+const LEN: usize = 4 + 4 + 8 + 4 + 4 + 16 + 8 + 8 + 64 + 1 + 64;
 
 /// One exported block.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,8 +25,8 @@ pub struct Wire {
     pub base: u64,
     /// `CUmemPoolPtrExportData`.
     pub pointer: [u8; 64],
-    /// The interprocess event's handle.
-    pub event: [u8; 64],
+    /// The interprocess event's handle; `None` where the block's last write was complete.
+    pub event: Option<[u8; 64]>,
 }
 
 impl Wire {
@@ -42,7 +42,8 @@ impl Wire {
         out.extend_from_slice(&self.size.to_le_bytes());
         out.extend_from_slice(&self.base.to_le_bytes());
         out.extend_from_slice(&self.pointer);
-        out.extend_from_slice(&self.event);
+        out.push(self.event.is_some() as u8);
+        out.extend_from_slice(&self.event.unwrap_or([0; 64]));
         out
     }
 
@@ -67,7 +68,11 @@ impl Wire {
         let size = u64::from_le_bytes(take(8).try_into().unwrap_or_default());
         let base = u64::from_le_bytes(take(8).try_into().unwrap_or_default());
         let pointer = take(64).try_into().unwrap_or([0; 64]);
-        let event = take(64).try_into().unwrap_or([0; 64]);
+        let event = match take(1)[0] {
+            0 => None,
+            1 => Some(take(64).try_into().unwrap_or([0; 64])),
+            _ => return Err(Error::invalid("not a shared cubridge array (a malformed event)")),
+        };
         Ok(Wire {
             pid,
             nonce,
@@ -97,10 +102,15 @@ mod tests {
             size: 1 << 40,
             base: 0x7f00_0000_0000,
             pointer: [9; 64],
-            event: [1; 64],
+            event: Some([1; 64]),
         };
         let bytes = w.to_bytes();
         assert_eq!(Wire::from_bytes(&bytes).unwrap(), w);
+        let none = Wire { event: None, ..w.clone() };
+        assert_eq!(Wire::from_bytes(&none.to_bytes()).unwrap(), none);
+        let mut flag = none.to_bytes();
+        flag[LEN - 65] = 2;
+        assert!(Wire::from_bytes(&flag).is_err());
         assert!(Wire::from_bytes(&bytes[1..]).is_err());
         let mut other = bytes.clone();
         other[0] = b'X';
