@@ -91,7 +91,28 @@ pub enum Owner {
     Storage(Storage),
     /// Memory that another library owns; dropping this value releases it (calls the DLPack
     /// deleter, releases the Python buffer, or drops the reference to the producer).
-    Foreign(Box<dyn Any + Send + Sync>),
+    Foreign(Keepalive),
+}
+
+/// What keeps foreign memory valid: any value, boxed; or, held inline so that an import
+/// allocates nothing for it, a reference to the Python object that owns the memory.
+pub enum Keepalive {
+    /// Any value; dropping it releases the memory.
+    Boxed(Box<dyn Any + Send + Sync>),
+    /// A strong reference to the producer's Python object.
+    #[cfg(feature = "python")]
+    Object(crate::python::Holder),
+}
+
+impl Keepalive {
+    /// The keepalive as one boxed value (for the releaser, which holds it past the buffer).
+    fn into_boxed(self) -> Box<dyn Any + Send + Sync> {
+        match self {
+            Keepalive::Boxed(held) => held,
+            #[cfg(feature = "python")]
+            Keepalive::Object(holder) => Box::new(holder),
+        }
+    }
 }
 
 /// A block of memory and what keeps it alive. Arrays hold it through an `Arc`.
@@ -159,7 +180,7 @@ impl Buffer {
     /// 1. `ptr` stays valid for every layout that arrays over this buffer use, for as long as
     ///    `keepalive` lives.
     /// 2. Dropping `keepalive` is the only thing that releases the memory.
-    pub unsafe fn foreign(ptr: *mut u8, keepalive: Box<dyn Any + Send + Sync>) -> Buffer {
+    pub unsafe fn foreign(ptr: *mut u8, keepalive: Keepalive) -> Buffer {
         Buffer {
             ptr,
             owner: Owner::Foreign(keepalive),
@@ -328,7 +349,8 @@ impl Drop for Buffer {
         if let Owner::Foreign(held) = &mut self.owner {
             let consumers = self.consumers.get_mut().unwrap_or_else(|p| p.into_inner());
             if consumers.any() {
-                release_after(std::mem::replace(held, Box::new(())), consumers);
+                let held = std::mem::replace(held, Keepalive::Boxed(Box::new(())));
+                release_after(held.into_boxed(), consumers);
             }
             return;
         }
@@ -389,8 +411,12 @@ mod tests {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut data = [0u8; 4];
         // SAFETY: `data` outlives the buffer, which is dropped in this scope.
-        let buf =
-            Arc::new(unsafe { Buffer::foreign(data.as_mut_ptr(), Box::new(Count(drops.clone()))) });
+        let buf = Arc::new(unsafe {
+            Buffer::foreign(
+                data.as_mut_ptr(),
+                Keepalive::Boxed(Box::new(Count(drops.clone()))),
+            )
+        });
         let second = buf.clone();
         drop(buf);
         assert_eq!(drops.load(Ordering::SeqCst), 0);

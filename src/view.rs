@@ -7,7 +7,7 @@ use crate::device::Device;
 use crate::dtype::{DType, Kind};
 use crate::error::{Error, Result};
 use crate::layout::{check_ndim, Layout};
-use crate::storage::{Buffer, HOST_ALIGN};
+use crate::storage::{Buffer, Keepalive, HOST_ALIGN};
 use dlpark::ffi::DLTensor;
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase, TensorRef};
 use std::any::Any;
@@ -54,7 +54,7 @@ pub unsafe fn from_descriptor(
 ) -> Result<Array> {
     let checked = check(d)?;
     // SAFETY: the caller's contract.
-    Ok(unsafe { checked.into_array(keepalive) })
+    Ok(unsafe { checked.into_array(Keepalive::Boxed(keepalive)) })
 }
 
 /// A descriptor that passed [`check`]: what a view needs, owning no borrowed fields, so that
@@ -78,7 +78,7 @@ impl Checked {
     /// # Safety
     /// As [`from_descriptor`]'s: while `keepalive` lives, the memory the checked descriptor
     /// named is the producer's live allocation.
-    pub unsafe fn into_array(self, keepalive: Box<dyn Any + Send + Sync>) -> Array {
+    pub unsafe fn into_array(self, keepalive: Keepalive) -> Array {
         // SAFETY: the caller vouches that the memory stays valid while keepalive lives; the
         // buffer owns keepalive.
         let buffer = Arc::new(unsafe { Buffer::foreign(self.ptr, keepalive) });
@@ -151,7 +151,7 @@ pub fn from_managed<M: ManagedTensorBase>(managed: Managed<M>) -> Result<Array> 
     let checked = check_tensor(&managed.validate().map_err(invalid_tensor)?, readonly)?;
     // SAFETY: DLPack's contract: the memory stays valid until the deleter runs, which happens when
     // the boxed AllocationDeleter is dropped.
-    Ok(unsafe { checked.into_array(Box::new(managed.into_deleter())) })
+    Ok(unsafe { checked.into_array(Keepalive::Boxed(Box::new(managed.into_deleter()))) })
 }
 
 /// Checks a DLPack tensor lent for the duration of a call (no managed tensor, no flags), for a

@@ -82,7 +82,7 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// whatever thread drops the last view (the releaser of queued kernels' buffers has none), so
 /// the object goes at once rather than at some later call into cubridge; after the interpreter
 /// has finalized it is left alone.
-pub(crate) struct Holder(Option<Py<PyAny>>);
+pub struct Holder(Option<Py<PyAny>>);
 
 impl Holder {
     pub(crate) fn new(obj: &Bound<'_, PyAny>) -> Holder {

@@ -135,7 +135,8 @@ pub fn _ipc_import(
     let (mapping, stream, event) = ipc::import(&wire, fd)?;
     let (ptr, ordinal) = (mapping.ptr() as *mut u8, mapping.ordinal());
     // SAFETY: the mapping keeps `ptr` valid for its size, and only its drop releases it.
-    let buffer = unsafe { Buffer::foreign(ptr, Box::new(mapping)) };
+    let buffer =
+        unsafe { Buffer::foreign(ptr, crate::storage::Keepalive::Boxed(Box::new(mapping))) };
     // SAFETY: every element lies inside the mapped block (checked above), on that device; the
     // sender's read-only flag is kept.
     let array = unsafe {

@@ -105,6 +105,6 @@ pub fn lend(
     };
     // SAFETY: DLPack's contract for a lent tensor: its memory is the object's while the object
     // lives, and the view holds a strong reference to the object.
-    let array = unsafe { checked.into_array(Box::new(Holder::new(obj))) };
+    let array = unsafe { checked.into_array(crate::storage::Keepalive::Object(Holder::new(obj))) };
     Some((array, stream))
 }

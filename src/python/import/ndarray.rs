@@ -118,7 +118,7 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
     .ok()?;
     // SAFETY: numpy keeps an array's memory valid while the array lives (and refuses to resize
     // one that others reference); the view holds a strong reference to it.
-    Some(unsafe { checked.into_array(Box::new(Holder::new(obj))) })
+    Some(unsafe { checked.into_array(crate::storage::Keepalive::Object(Holder::new(obj))) })
 }
 
 /// The value and dtype of `obj` if it is a 0-d `numpy.ndarray` of a dtype read here (numpy
