@@ -109,7 +109,8 @@ pub fn check(d: &Descriptor<'_>) -> Result<Checked> {
             return Err(Error::invalid("data pointer is NULL for a non-empty array"));
         }
         let align = alignment(d.dtype);
-        if first % align != 0 {
+        // Alignments are powers of two (itemsizes, or half of a complex one).
+        if first & (align - 1) != 0 {
             return Err(Error::invalid(format!(
                 "data pointer {first:#x} (byte_offset {}) is not aligned to the {align} bytes \
                  that {} needs",
