@@ -3,8 +3,12 @@ under cubridge's and torch's sharing of device arrays between processes (benches
 sender exports a 4 MiB block of an IPC-capable pool (cuMemPoolExportPointer) and records an
 interprocess event; the reader maps the block (cuMemPoolImportPointer), opens the event, waits
 for it on a stream and records its own. Medians of 40 sends after the first, in microseconds.
+With --fresh the sender frees the block after each send and allocates a new one (the pool puts it
+at the same address), and the script counts whether the export data at a reused address stayed
+the same; with --peer the pool's memory is accessible to device 1, as cubridge's pools are on a
+host of several GPUs.
 
-    python benches/ipc_floor.py [--others N]   (N more blocks live in the pool)
+    python benches/ipc_floor.py [--others N] [--fresh] [--peer]   (N more blocks in the pool)
 """
 
 import argparse
@@ -64,6 +68,8 @@ def reader(conn):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--others", type=int, default=0)
+    parser.add_argument("--fresh", action="store_true", help="a new block for each send")
+    parser.add_argument("--peer", action="store_true", help="device 1 may access the pool")
     args = parser.parse_args()
     cu = context()
     fd_type = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -73,6 +79,12 @@ def main():
     props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     props.location.id = 0
     pool = ok(cu.cuMemPoolCreate(props))
+    if args.peer:
+        access = cu.CUmemAccessDesc()
+        access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        access.location.id = 1
+        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        ok(cu.cuMemPoolSetAccess(pool, [access], 1))
     stream = ok(cu.cuStreamCreate(1))
     others = [
         ok(cu.cuMemAllocFromPoolAsync((k % 7 + 1) << 20, pool, stream)) for k in range(args.others)
@@ -87,9 +99,17 @@ def main():
     )
     assert here.recv() == "ready"
     flags = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
-    times = {}
-    for _ in range(41):
+    times, data_at, same_data = {}, {}, [0, 0]
+    for i in range(41):
+        if args.fresh and i:
+            ok(cu.cuMemFreeAsync(ptr, stream))
+            ok(cu.cuStreamSynchronize(stream))
+            ptr = ok(cu.cuMemAllocFromPoolAsync(4 << 20, pool, stream))
+            ok(cu.cuStreamSynchronize(stream))
         data = timed(times, "export pointer", cu.cuMemPoolExportPointer, ptr)
+        if int(ptr) in data_at:
+            same_data[data_at[int(ptr)] == bytes(data.reserved)] += 1
+        data_at[int(ptr)] = bytes(data.reserved)
         event = timed(times, "create event", cu.cuEventCreate, flags)
         timed(times, "record", cu.cuEventRecord, event, stream)
         handle = timed(times, "event handle", cu.cuIpcGetEventHandle, event)
@@ -102,7 +122,13 @@ def main():
     theirs = here.recv()
     child.join()
     del others
-    print(f"sender, {args.others} other blocks in the pool (us, median of 40):")
+    print(
+        f"export data at a reused address: the same {same_data[1]} times, different "
+        f"{same_data[0]} times ({len(data_at)} addresses)"
+    )
+    kind = "a fresh block each send" if args.fresh else "the same block"
+    peer = ", device 1 may access the pool" if args.peer else ""
+    print(f"sender, {kind}, {args.others} other blocks in the pool{peer} (us, median of 40):")
     for k, v in times.items():
         print(f"  {k:18} {statistics.median(v[1:]):8.1f}")
     print("reader:")
