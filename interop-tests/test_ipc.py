@@ -213,11 +213,14 @@ def test_an_array_sent_again_and_new_ones_in_its_place_arrive_with_their_own_val
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
-def test_an_array_read_back_where_it_was_sent_is_the_same_memory():
+@pytest.mark.parametrize("write", ["queued", "complete"])
+def test_an_array_read_back_where_it_was_sent_is_the_same_memory(write):
     cb.cuda.set_shareable(True)
     try:
         a = cb.zeros(N, dtype="float32", device="cuda")
         late_write(a, cb.cuda.Stream())
+        if write == "complete":
+            cb.cuda.synchronize()  # sent without an interprocess event
         q = multiprocessing.get_context("spawn").Queue()
         q.put(a)
         b = q.get(timeout=30)

@@ -7,15 +7,16 @@
 //! pool of cubridge's created with POSIX file descriptor handles ([`allocation_pool`]).
 //!
 //! Export ([`export`]): the pool's file descriptor (made once per pool and kept), the block's
-//! `cuMemPoolExportPointer` data, an interprocess event recorded after the array's last write,
-//! and a slot of this process's counter segment (a memfd, which the reader opens through
-//! `/proc/<pid>/fd`), set to one. Until the reader sets it back to zero, the exported buffer
-//! is parked here with the event: [`reap`] lets go of both once the count is zero or the
-//! reader has died.
+//! `cuMemPoolExportPointer` data (made at the allocation's first export and kept with it), an
+//! interprocess event recorded after the array's last write while that write is still queued
+//! (none once it is complete), and a slot of this process's counter segment (a memfd, which the
+//! reader opens through `/proc/<pid>/fd`), set to one. Until the reader sets it back to zero,
+//! the exported buffer is parked here with its event: [`reap`] lets go of both once the count
+//! is zero or the reader has died.
 //!
 //! Import ([`import`]): the pool is imported once per (exporting process, device), the block
-//! once per process while any array over it lives; the reader's streams wait for the event on
-//! the device. The mapping is freed (`cuMemFree`) on the background thread after the reader's
+//! once per process while any array over it lives; the reader's streams wait for the event, if
+//! one came, on the device. The mapping is freed (`cuMemFree`) on the background thread after the reader's
 //! device has run everything queued, and only then is the count lowered, so the writer frees
 //! the block after every reader has let go, as the driver requires.
 
@@ -161,9 +162,10 @@ pub fn export(
     let (base, size, pointer) = exported_block(ptr, alloc, pool)?;
     // Everything that may fail comes before the event and the slot, which must be given back.
     let (uuid, counters_fd) = (device_uuid(ordinal)?, counters::own_fd()?);
-    let event = match pending.filter(|write| !write.is_done()) {
-        Some(write) => Some(interprocess_event(ordinal, &write)?),
-        None => None,
+    // A write that failed is an error here, not a complete write.
+    let event = match pending {
+        Some(write) if !write.query()? => Some(interprocess_event(ordinal, &write)?),
+        _ => None,
     };
     let slot = match counters::take_slot() {
         Ok(slot) => slot,

@@ -51,8 +51,11 @@ pub struct CudaAlloc {
     bytes: usize,
     kind: MemoryKind,
     uses: Uses,
-    /// Its `cuMemPoolExportPointer` data, once it has been sent to another process: the same
-    /// for every send of this allocation, and the driver call costs tens of microseconds.
+    /// Its `cuMemPoolExportPointer` data, once it has been sent to another process, reused for
+    /// later sends (the driver call costs tens of microseconds). The data names the allocation:
+    /// the driver's documentation does not say it is the same on every call, but it was in
+    /// every measurement (`benches/ipc_floor.py` counts it), while a new allocation at the same
+    /// address got new data each time.
     export_data: std::sync::OnceLock<[u8; 64]>,
 }
 

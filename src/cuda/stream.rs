@@ -195,6 +195,22 @@ impl Event {
         )
     }
 
+    /// Whether the work before the event has completed: `Ok(false)` while it runs, and the
+    /// driver's error where the query fails (a launch before it failed, or the event was
+    /// recorded into a graph capture), which [`Event::is_done`] counts as done. Asks the driver
+    /// every time.
+    pub fn query(&self) -> Result<bool> {
+        let _relaxed = RelaxedCapture::new();
+        // SAFETY: a live event; querying needs no current context.
+        let r = unsafe { sys::cuEventQuery(self.raw as sys::CUevent) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(r.result(), "asking whether an array's last write is complete")?;
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// Whether the event was already seen done ([`Event::is_done`]), without asking the driver:
     /// for places that must make no driver call, such as a call inside a graph capture, where
     /// querying an event recorded into the capture would invalidate it.
