@@ -206,7 +206,10 @@ impl Event {
         if r == sys::CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
-        check(r.result(), "asking whether an array's last write is complete")?;
+        check(
+            r.result(),
+            "asking whether an array's last write is complete",
+        )?;
         self.done.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
     }

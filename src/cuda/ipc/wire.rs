@@ -71,7 +71,11 @@ impl Wire {
         let event = match take(1)[0] {
             0 => None,
             1 => Some(take(64).try_into().unwrap_or([0; 64])),
-            _ => return Err(Error::invalid("not a shared cubridge array (a malformed event)")),
+            _ => {
+                return Err(Error::invalid(
+                    "not a shared cubridge array (a malformed event)",
+                ))
+            }
         };
         Ok(Wire {
             pid,
@@ -106,7 +110,10 @@ mod tests {
         };
         let bytes = w.to_bytes();
         assert_eq!(Wire::from_bytes(&bytes).unwrap(), w);
-        let none = Wire { event: None, ..w.clone() };
+        let none = Wire {
+            event: None,
+            ..w.clone()
+        };
         assert_eq!(Wire::from_bytes(&none.to_bytes()).unwrap(), none);
         let mut flag = none.to_bytes();
         flag[LEN - 65] = 2;
