@@ -20,7 +20,6 @@
 //! device has run everything queued, and only then is the count lowered, so the writer frees
 //! the block after every reader has let go, as the driver requires.
 
-use super::memory::CudaAlloc;
 use super::stream::{self, Event, Stream};
 use super::{check, context};
 use crate::error::{Error, Result};
@@ -142,13 +141,24 @@ pub struct Export {
     pub base: u64,
 }
 
+/// A pool allocation of cubridge's: its start, its size, and the place its export data is kept
+/// after its first export (see [`crate::cuda::memory::CudaAlloc::export_data`]).
+pub struct Block<'a> {
+    /// Where the allocation starts.
+    pub base: u64,
+    /// Its size in bytes.
+    pub size: usize,
+    /// Its export data, once made.
+    pub export_data: &'a std::sync::OnceLock<[u8; 64]>,
+}
+
 /// Exports the pool block holding `ptr` (device memory of `ordinal`; `alloc`, where cubridge
 /// allocated it) for one reader. The reader's work waits for `pending` (the last write) on the
 /// device, through an interprocess event, unless that write is already complete. `keep` holds
 /// the memory; it is parked until the reader has let go.
 pub fn export(
     ptr: u64,
-    alloc: Option<&CudaAlloc>,
+    alloc: Option<Block<'_>>,
     ordinal: u32,
     pending: Option<Arc<Event>>,
     keep: Box<dyn Any + Send + Sync>,
@@ -206,20 +216,21 @@ pub fn export(
 /// keeps its data after its first export: later sends of it make no driver call here.
 fn exported_block(
     ptr: u64,
-    alloc: Option<&CudaAlloc>,
+    alloc: Option<Block<'_>>,
     pool: sys::CUmemoryPool,
 ) -> Result<(u64, usize, [u8; 64])> {
-    let block = alloc.map(CudaAlloc::block);
-    if let (Some((base, size)), Some(data)) = (block, alloc.and_then(|a| a.export_data().get())) {
-        return Ok((base, size, *data));
+    if let Some(a) = &alloc {
+        if let Some(data) = a.export_data.get() {
+            return Ok((a.base, a.size, *data));
+        }
     }
-    let (base, size) = block_of(ptr, block, pool)?;
+    let (base, size) = block_of(ptr, alloc.as_ref().map(|a| (a.base, a.size)), pool)?;
     let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
     // SAFETY: `base` is a live block of an IPC-capable, shared pool; the data goes to a local.
     let r = unsafe { sys::cuMemPoolExportPointer(&mut data, base) };
     check(r.result(), "exporting device memory")?;
     if let Some(alloc) = alloc {
-        let _ = alloc.export_data().set(data.reserved);
+        let _ = alloc.export_data.set(data.reserved);
     }
     Ok((base, size, data.reserved))
 }

@@ -89,8 +89,15 @@ pub fn _ipc_export<'py>(py: Python<'py>, array: PyRef<'_, PyArray>) -> PyResult<
         .into());
     };
     let keep: Box<dyn std::any::Any + Send + Sync> = Box::new(a.buffer().clone());
-    let alloc = a.buffer().cuda_alloc();
-    let export = ipc::export(a.data_ptr() as u64, alloc, ordinal, a.pending()?, keep)?;
+    let block = a.buffer().cuda_alloc().map(|alloc| {
+        let (base, size) = alloc.block();
+        ipc::Block {
+            base,
+            size,
+            export_data: alloc.export_data(),
+        }
+    });
+    let export = ipc::export(a.data_ptr() as u64, block, ordinal, a.pending()?, keep)?;
     // The first element's place in the block (the layout's own offset is relative to this
     // process's buffer, which need not start the block).
     let offset = (a.data_ptr() as u64 - export.base) as usize;
