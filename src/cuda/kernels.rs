@@ -278,7 +278,7 @@ fn refused_as_none(loaded: Result<sys::CUmodule>) -> Result<Option<sys::CUmodule
 
 /// With `CUBRIDGE_TRACE_LOADS` set, one line on stderr per step of loading a module: where
 /// first calls spend their time.
-fn trace(name: &str, step: &str, took: std::time::Duration) {
+pub(super) fn trace(name: &str, step: &str, took: std::time::Duration) {
     static ON: OnceLock<bool> = OnceLock::new();
     if *ON.get_or_init(|| std::env::var_os("CUBRIDGE_TRACE_LOADS").is_some()) {
         eprintln!(

@@ -311,7 +311,9 @@ pub fn compile_module(
         });
     }
     let target = target_for(arch)?;
+    let step = std::time::Instant::now();
     let Compiled { mut image, lowered } = compile_named(source, name, target, (extra, names))?;
+    super::kernels::trace(name, "its NVRTC compile alone", step.elapsed());
     if super::link::needs_link(extra) {
         let input = match target {
             Target::Cubin(_) => cudarc::driver::sys::CUjitInputType::CU_JIT_INPUT_CUBIN,
@@ -320,7 +322,9 @@ pub fn compile_module(
         image = super::link::link(&image, input, name, candidate_dirs())?;
     }
     if let Some(entry) = entry_for(module_key(source, extra, names), arch) {
+        let step = std::time::Instant::now();
         entry.write(&super::disk_cache::with_names(&image, &lowered));
+        super::kernels::trace(name, "its disk cache write alone", step.elapsed());
     }
     Ok(Compiled { image, lowered })
 }
