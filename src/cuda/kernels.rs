@@ -8,7 +8,7 @@ use crate::error::Result;
 use cudarc::driver::{result, sys};
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 /// The parameter structs of every elementwise kernel, which every program starts with; mirrored
 /// by [`crate::ops::elementwise::params`].
@@ -209,15 +209,15 @@ fn load_module(ordinal: u32, src: &Source) -> Result<Module> {
             Some(found) => (found, "disk cache"),
             None => {
                 nvrtc::ensure_loaded()?;
-                trace(&src.name, "NVRTC ready", started.elapsed());
+                nvrtc::trace(&src.name, "NVRTC ready", started.elapsed());
                 let compiled = nvrtc::compile_module(source, &src.name, arch, (options, names))?;
-                trace(&src.name, "compiled", started.elapsed());
+                nvrtc::trace(&src.name, "compiled", started.elapsed());
                 let module = load_image(&compiled.image)?;
                 ((module, compiled.lowered), "its compile loaded")
             }
         },
     };
-    trace(&src.name, how, started.elapsed());
+    nvrtc::trace(&src.name, how, started.elapsed());
     Ok(Module {
         handle: loaded as usize,
         lowered,
@@ -273,18 +273,6 @@ fn refused_as_none(loaded: Result<sys::CUmodule>) -> Result<Option<sys::CUmodule
         Ok(module) => Ok(Some(module)),
         Err(e) if e.cuda_code().is_some_and(super::is_image_refusal) => Ok(None),
         Err(e) => Err(e),
-    }
-}
-
-/// With `CUBRIDGE_TRACE_LOADS` set, one line on stderr per step of loading a module: where
-/// first calls spend their time.
-pub(super) fn trace(name: &str, step: &str, took: std::time::Duration) {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("CUBRIDGE_TRACE_LOADS").is_some()) {
-        eprintln!(
-            "cubridge: {name}: {step} in {:.2} ms",
-            took.as_secs_f64() * 1e3
-        );
     }
 }
 

@@ -313,7 +313,7 @@ pub fn compile_module(
     let target = target_for(arch)?;
     let step = std::time::Instant::now();
     let Compiled { mut image, lowered } = compile_named(source, name, target, (extra, names))?;
-    super::kernels::trace(name, "its NVRTC compile alone", step.elapsed());
+    trace(name, "its NVRTC compile alone", step.elapsed());
     if super::link::needs_link(extra) {
         let input = match target {
             Target::Cubin(_) => cudarc::driver::sys::CUjitInputType::CU_JIT_INPUT_CUBIN,
@@ -324,7 +324,7 @@ pub fn compile_module(
     if let Some(entry) = entry_for(module_key(source, extra, names), arch) {
         let step = std::time::Instant::now();
         entry.write(&super::disk_cache::with_names(&image, &lowered));
-        super::kernels::trace(name, "its disk cache write alone", step.elapsed());
+        trace(name, "its disk cache write alone", step.elapsed());
     }
     Ok(Compiled { image, lowered })
 }
@@ -522,6 +522,18 @@ fn with_source_lines(log: &str, file: &str, source: &str) -> String {
         out.push_str(&format!("\n  line {number}: {}", lines[number - 1].trim()));
     }
     out
+}
+
+/// With `CUBRIDGE_TRACE_LOADS` set, one line on stderr per step of loading a module: where
+/// first calls spend their time.
+pub(super) fn trace(name: &str, step: &str, took: std::time::Duration) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("CUBRIDGE_TRACE_LOADS").is_some()) {
+        eprintln!(
+            "cubridge: {name}: {step} in {:.2} ms",
+            took.as_secs_f64() * 1e3
+        );
+    }
 }
 
 /// For tests that compile with NVRTC without a GPU: adds `$CUBRIDGE_TEST_NVRTC_DIR` (a folder
