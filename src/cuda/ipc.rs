@@ -16,9 +16,9 @@
 //!
 //! Import ([`import`]): the pool is imported once per (exporting process, device), the block
 //! once per process while any array over it lives; the reader's streams wait for the event, if
-//! one came, on the device. The mapping is freed (`cuMemFree`) on the background thread after the reader's
-//! device has run everything queued, and only then is the count lowered, so the writer frees
-//! the block after every reader has let go, as the driver requires.
+//! one came, on the device. The mapping is freed (`cuMemFree`) on the background thread after
+//! the reader's device has run everything queued, and only then is the count lowered, so the
+//! writer frees the block after every reader has let go, as the driver requires.
 
 use super::stream::{self, Event, Stream};
 use super::{check, context};
