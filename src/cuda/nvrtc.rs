@@ -179,6 +179,11 @@ pub fn module_key(source: &str, extra: &[String], names: &[String]) -> String {
 /// of a program, to compile it sooner (NVRTC 12.4 and later; dropped for older ones).
 pub const MINIMAL: &str = "-minimal";
 
+/// NVRTC's option to optimize and translate a program's kernels on as many threads as the
+/// machine has, rather than one after the other (NVRTC 12.4 and later; dropped for older ones):
+/// a reduction's two kernels compile side by side.
+pub const SPLIT: &str = "-split-compile=0";
+
 /// The loaded NVRTC's version, read once.
 fn version() -> Option<(i32, i32)> {
     static VERSION: OnceLock<Option<(i32, i32)>> = OnceLock::new();
@@ -417,7 +422,8 @@ fn lowered_name(
 }
 
 /// NVRTC's options for `target`: the architecture, the include folders, the caller's `extra`
-/// (less `-minimal` where this NVRTC predates it: it only speeds a compile up) and C++17 unless
+/// (less `-minimal` and `-split-compile` where this NVRTC predates them: they only speed a
+/// compile up) and C++17 unless
 /// the caller chose a standard.
 fn options_for(target: Target, extra: &[String]) -> Vec<String> {
     let mut options: Vec<String> = vec![match target {
@@ -427,11 +433,10 @@ fn options_for(target: Target, extra: &[String]) -> Vec<String> {
     for dir in include_dirs() {
         options.push(format!("--include-path={dir}"));
     }
-    let minimal_known = version().is_some_and(|v| v >= (12, 4));
+    let speedups_known = version().is_some_and(|v| v >= (12, 4));
     options.extend(
-        extra
-            .iter()
-            .filter(|o| minimal_known || o.as_str() != MINIMAL)
+        (extra.iter())
+            .filter(|o| speedups_known || (o.as_str() != MINIMAL && o.as_str() != SPLIT))
             .cloned(),
     );
     if !extra

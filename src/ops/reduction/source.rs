@@ -186,9 +186,20 @@ pub fn program(r: &ReductionSpec, sig: &Signature, variant: Variant) -> Program 
     Program {
         name: elementwise::program_name(&spec.name, sig, &function),
         source: src,
-        options: r.options.clone(),
+        options: with_split(&r.options),
         functions: vec![function.clone(), format!("{function}_final")],
     }
+}
+
+/// `options` asking NVRTC to compile the two kernels side by side (how long NVRTC takes, not
+/// what the kernels compute), unless they already say how to split.
+fn with_split(options: &[String]) -> Vec<String> {
+    let mut options = options.to_vec();
+    let split = |o: &String| o.starts_with("-split-compile") || o.starts_with("--split-compile");
+    if !options.iter().any(split) {
+        options.push(crate::cuda::nvrtc::SPLIT.into());
+    }
+    options
 }
 
 #[cfg(test)]
@@ -243,6 +254,8 @@ pub(crate) mod tests {
             },
         );
         assert_eq!(p.functions, ["wss_g32v", "wss_g32v_final"]);
+        assert_eq!(p.options, [crate::cuda::nvrtc::SPLIT]);
+        assert_eq!(with_split(&["--split-compile=2".into()]), ["--split-compile=2"]);
         assert_eq!(
             p.name,
             "wss_bfloat16_bfloat16_raw_float32_value_bfloat16_int32_g32v"
