@@ -576,6 +576,60 @@ def test_adds_from_threads_on_their_own_streams_allocate_and_free_correctly():
     settle()
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_side_stream_results_are_reused_there_only_after_their_last_use():
+    """A small result whose every use was on one side stream waits (parked) for the next
+    allocation there, which frees it on that stream. Behind 0.2 s of queued work, so that no
+    use is complete when its block is freed and reused: a chain of allocating adds and a
+    stream destroyed with blocks parked for it, then a new stream (the driver may give it the
+    same handle). Every value equals torch's, and the pool does not grow by every result."""
+    settle()
+    n = 1 << 16
+    x = torch.rand(n, device="cuda")
+    before = cb.cuda.memory_stats()["reserved_bytes"]
+    for _ in range(3):
+        s = cupy.cuda.Stream(non_blocking=True) if cupy is not None else torch.cuda.Stream()
+        handle = s.ptr if cupy is not None else s.cuda_stream
+        spin(0.2, torch.cuda.ExternalStream(handle))
+        acc = cb.zeros((n,), device="cuda")
+        for _ in range(300):
+            acc = cb.add(acc, x, stream=handle)
+        got = torch.empty(n, device="cuda")
+        with torch.cuda.stream(torch.cuda.ExternalStream(handle)):
+            got.copy_(torch.from_dlpack(acc.__dlpack__(stream=handle)))
+        del acc
+        torch.cuda.ExternalStream(handle).synchronize()
+        torch.testing.assert_close(got, x * 300, rtol=1e-5, atol=1e-3)
+        del s  # blocks of the last adds are still parked for it
+        gc.collect()
+    grown = cb.cuda.memory_stats()["reserved_bytes"] - before
+    assert grown < 64 << 20, grown
+    settle()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_empty_cache_gives_back_blocks_parked_for_a_side_stream():
+    settle()
+    side = torch.cuda.Stream()
+    x = torch.ones(1 << 16, device="cuda")
+    with torch.cuda.stream(side):
+        x = x.clone()
+    side.synchronize()
+    used = cb.cuda.memory_stats()["pool_used_bytes"]
+    with torch.cuda.stream(side):
+        c = cb.add(x, x)
+        d = cb.add(c, x)
+    e = torch.from_dlpack(d).clone()
+    del c, d
+    side.synchronize()
+    cb.cuda.empty_cache()
+    assert torch.equal(e.cpu(), torch.full((1 << 16,), 3.0))
+    assert cb.cuda.memory_stats()["pool_used_bytes"] <= used
+    settle()
+
+
 @two_gpus
 @pytest.mark.cuda
 def test_each_device_allocates_from_its_own_pool():

@@ -11,6 +11,12 @@
 //! a per-device stream of cubridge's that waits on an event of each use, so that no stream of the
 //! caller's is made to wait for another's work.
 //!
+//! A small block whose every use was on one stream of the caller's is parked instead, and freed
+//! on that very stream by the next allocation there (which shows that the stream is alive): the
+//! pool hands a block freed on the allocating stream straight back, where reusing one freed on
+//! another stream costs its reuse check microseconds a call. At most [`PARK_MAX`] blocks of at
+//! most [`PARK_BYTES`] wait so; more, a lack of memory or `empty_cache` frees them as above.
+//!
 //! What cannot be ordered that way goes to a background thread (`cubridge-free`), which waits
 //! for the device and then frees: memory exported to a consumer whose stream is unknown (the CUDA
 //! array interface, `stream=-1`, the DLPack C exchange table), memory used by a captured CUDA
@@ -27,6 +33,7 @@ use super::stream::{self, Event, Stream, Write, LEGACY};
 use super::{check, context};
 use crate::error::Result;
 use cudarc::driver::sys;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
@@ -44,13 +51,17 @@ pub struct Uses {
     pub unknown: bool,
 }
 
-/// Frees `ptr` (of `kind`) after `uses`, without blocking the calling thread.
-pub(super) fn free(ptr: u64, kind: MemoryKind, uses: Uses) {
+/// Frees `ptr` (`bytes` of `kind`) after `uses`, without blocking the calling thread.
+pub(super) fn free(ptr: u64, bytes: usize, kind: MemoryKind, mut uses: Uses) {
     if let MemoryKind::Device {
         ordinal,
         pooled: true,
     } = kind
     {
+        match park(ptr, bytes, ordinal, uses) {
+            Some(not_parked) => uses = not_parked,
+            None => return,
+        }
         // The last reference may go on a thread that is capturing a graph (a Python variable
         // reassigned inside `torch.cuda.graph`): the free's calls are on streams outside the
         // capture, which its mode would refuse, invalidating it.
@@ -73,6 +84,120 @@ pub fn drop_after_device(ordinal: u32, held: Box<dyn std::any::Any + Send + Sync
         what: Freed::Held(ordinal, held),
         uses: Uses::default(),
     });
+}
+
+/// A pooled block waiting for the next allocation on `stream`, the one stream of all its uses.
+struct Parked {
+    ptr: u64,
+    ordinal: u32,
+    stream: Stream,
+    uses: Uses,
+}
+
+/// Blocks of at most this many bytes may be parked.
+pub const PARK_BYTES: usize = 1 << 20;
+/// At most this many blocks are parked at once (all devices and streams together).
+pub const PARK_MAX: usize = 8;
+static PARKED: Mutex<Vec<Parked>> = Mutex::new(Vec::new());
+static N_PARKED: AtomicUsize = AtomicUsize::new(0);
+
+/// The one stream of every use of `uses`, where that is a stream of the caller's (not a
+/// default stream, whose frees need no event), every kernel and write on it carries an event,
+/// and no consumer declared a stream (which a later free would have to record on, alive or not).
+fn only_stream(uses: &Uses) -> Option<Stream> {
+    if uses.unknown || !uses.streams.is_empty() {
+        return None;
+    }
+    let stream = uses.write.iter().chain(&uses.kernels).next()?.stream;
+    let same = |w: &Write| w.stream == stream && w.event.is_some();
+    (!stream.is_default() && uses.write.iter().chain(&uses.kernels).all(same)).then_some(stream)
+}
+
+/// Parks the block (see the module's docs), or hands `uses` back where it is not to be parked.
+/// Parking one block too many frees the oldest as any other.
+fn park(ptr: u64, bytes: usize, ordinal: u32, uses: Uses) -> Option<Uses> {
+    let Some(stream) = only_stream(&uses).filter(|_| bytes <= PARK_BYTES) else {
+        return Some(uses);
+    };
+    let oldest = {
+        let mut parked = crate::lock(&PARKED);
+        parked.push(Parked {
+            ptr,
+            ordinal,
+            stream,
+            uses,
+        });
+        (parked.len() > PARK_MAX).then(|| parked.remove(0))
+    };
+    match oldest {
+        Some(p) => free_parked(p),
+        None => {
+            N_PARKED.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+    None
+}
+
+/// Frees the blocks parked for `stream` of device `ordinal`, whose context is current, on that
+/// stream, before an allocation there. A block whose last use is not yet complete is ordered
+/// after it by its event: the stream may be a new one at the address of one destroyed since.
+pub fn unpark(ordinal: u32, stream: Stream) {
+    if N_PARKED.load(Ordering::Acquire) == 0 || stream.is_default() {
+        return;
+    }
+    let mine: Vec<Parked> = {
+        let mut parked = crate::lock(&PARKED);
+        let (mine, kept) = std::mem::take(&mut *parked)
+            .into_iter()
+            .partition(|p| p.ordinal == ordinal && p.stream == stream);
+        *parked = kept;
+        mine
+    };
+    N_PARKED.fetch_sub(mine.len(), Ordering::AcqRel);
+    let capturing = || stream::is_capturing(stream, ordinal).unwrap_or(true);
+    if mine.is_empty() || capturing() {
+        return mine.into_iter().for_each(free_parked);
+    }
+    for p in mine {
+        if free_on_own_stream(&p).is_err() {
+            free_parked(p);
+        }
+    }
+}
+
+/// [`unpark`]'s free of one block on its stream.
+fn free_on_own_stream(p: &Parked) -> Result<()> {
+    for write in p.uses.write.iter().chain(&p.uses.kernels) {
+        if let Some(event) = write.event.as_ref().filter(|e| !e.is_done()) {
+            event.wait(p.stream)?;
+        }
+    }
+    // SAFETY: a pooled block, freed only here (taken from the parked list), on the stream of
+    // every use, after each use's event.
+    let r = unsafe { sys::cuMemFreeAsync(p.ptr, p.stream.handle()) };
+    check(r.result(), "freeing device memory")
+}
+
+/// Frees every parked block as any other (for `empty_cache` and a lack of memory).
+pub fn unpark_all() {
+    let all = std::mem::take(&mut *crate::lock(&PARKED));
+    N_PARKED.fetch_sub(all.len(), Ordering::AcqRel);
+    all.into_iter().for_each(free_parked);
+}
+
+/// Frees a parked block after its uses, as a block that is not parked.
+fn free_parked(p: Parked) {
+    let _relaxed = stream::RelaxedCapture::new();
+    if ordered_free(p.ptr, p.ordinal, &p.uses).is_err() {
+        let kind = MemoryKind::Device {
+            ordinal: p.ordinal,
+            pooled: true,
+        };
+        background(Job {
+            what: Freed::Memory(p.ptr, kind),
+            uses: p.uses,
+        });
+    }
 }
 
 /// Queues the free of a pooled block after its uses, or fails (and queues nothing) when that

@@ -280,6 +280,7 @@ pub fn stats(ordinal: u32) -> Result<Stats> {
 /// that everything cubridge no longer uses is in the pool to be trimmed.
 pub fn empty_cache(ordinal: u32) -> Result<()> {
     super::ipc::reap();
+    free::unpark_all();
     context::synchronize(ordinal)?;
     free::drain();
     super::release::flush();
@@ -330,6 +331,7 @@ fn with_retries<T>(ordinal: u32, mut alloc: impl FnMut() -> Result<T>) -> Result
         Err(e) if is_oom(&e) => {}
         done => return done,
     }
+    free::unpark_all();
     trim(ordinal)?;
     match alloc() {
         Err(e) if is_oom(&e) => {}
@@ -367,6 +369,8 @@ impl CudaAlloc {
             None => pool(ordinal)?.filter(|_| !warming(ordinal)),
         };
         let handle = stream.handle();
+        // Blocks parked for this stream go back to the pool on it first, for this to reuse.
+        free::unpark(ordinal, stream);
         let ptr = with_retries(ordinal, || match pool {
             // SAFETY: a live pool of this device; `handle` is a live stream of the current
             // context (the caller's); the result is checked.
@@ -505,7 +509,7 @@ impl Drop for CudaAlloc {
         if let MemoryKind::Device { ordinal, .. } = self.kind {
             count(ordinal, self.bytes, false);
         }
-        free::free(self.ptr, self.kind, std::mem::take(&mut self.uses));
+        free::free(self.ptr, self.bytes, self.kind, std::mem::take(&mut self.uses));
     }
 }
 
