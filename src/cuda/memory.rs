@@ -509,7 +509,12 @@ impl Drop for CudaAlloc {
         if let MemoryKind::Device { ordinal, .. } = self.kind {
             count(ordinal, self.bytes, false);
         }
-        free::free(self.ptr, self.bytes, self.kind, std::mem::take(&mut self.uses));
+        free::free(
+            self.ptr,
+            self.bytes,
+            self.kind,
+            std::mem::take(&mut self.uses),
+        );
     }
 }
 

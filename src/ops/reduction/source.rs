@@ -255,7 +255,10 @@ pub(crate) mod tests {
         );
         assert_eq!(p.functions, ["wss_g32v", "wss_g32v_final"]);
         assert_eq!(p.options, [crate::cuda::nvrtc::SPLIT]);
-        assert_eq!(with_split(&["--split-compile=2".into()]), ["--split-compile=2"]);
+        assert_eq!(
+            with_split(&["--split-compile=2".into()]),
+            ["--split-compile=2"]
+        );
         assert_eq!(
             p.name,
             "wss_bfloat16_bfloat16_raw_float32_value_bfloat16_int32_g32v"
