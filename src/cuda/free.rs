@@ -154,7 +154,10 @@ pub fn unpark(ordinal: u32, stream: Stream) {
         mine
     };
     N_PARKED.fetch_sub(mine.len(), Ordering::AcqRel);
-    let capturing = || stream::is_capturing(stream, ordinal).unwrap_or(true);
+    let capturing = || {
+        !stream::NotCapturing::known(ordinal, stream)
+            && stream::is_capturing(stream, ordinal).unwrap_or(true)
+    };
     if mine.is_empty() || capturing() {
         return mine.into_iter().for_each(free_parked);
     }

@@ -286,6 +286,47 @@ pub fn destroy(stream: Stream, ordinal: u32) {
     }
 }
 
+thread_local! {
+    /// The stream that work being prepared on this thread found not capturing (see
+    /// [`NotCapturing`]).
+    static NOT_CAPTURING: std::cell::Cell<Option<(u32, Stream)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// While it lives, this thread knows that `stream` of a device is not capturing: work is being
+/// prepared on it, which asked (a capture that began meanwhile would take in that work too).
+/// Spares allocations for that work asking again.
+pub struct NotCapturing {
+    /// What the thread knew before, restored on drop.
+    before: Option<(u32, Stream)>,
+    mine: (u32, Stream),
+}
+
+impl NotCapturing {
+    /// Notes that `stream` of `ordinal` was just found not capturing, until dropped.
+    pub fn new(ordinal: u32, stream: Stream) -> NotCapturing {
+        let mine = (ordinal, stream);
+        NotCapturing {
+            before: NOT_CAPTURING.replace(Some(mine)),
+            mine,
+        }
+    }
+
+    /// Whether this thread knows `stream` of `ordinal` not to be capturing now.
+    pub fn known(ordinal: u32, stream: Stream) -> bool {
+        NOT_CAPTURING.get() == Some((ordinal, stream))
+    }
+}
+
+impl Drop for NotCapturing {
+    fn drop(&mut self) {
+        // Dropped out of order (not the newest), the thread forgets rather than keep a stale
+        // answer: the next allocation asks the driver.
+        let newest = NOT_CAPTURING.get() == Some(self.mine);
+        NOT_CAPTURING.set(if newest { self.before } else { None });
+    }
+}
+
 /// Whether `stream` of device `ordinal` is capturing a graph (an invalidated capture counts: it
 /// has not ended yet). The legacy default stream never captures.
 pub fn is_capturing(stream: Stream, ordinal: u32) -> Result<bool> {

@@ -70,6 +70,8 @@ pub struct Launch {
     capture: Option<RelaxedCapture>,
     /// Results allocated by [`Launch::empty`], whose write is recorded by [`Launch::finish`].
     results: RefCell<Vec<Array>>,
+    /// Where the stream is not capturing, so that allocations for the work know it.
+    _not_capturing: Option<cuda_stream::NotCapturing>,
 }
 
 impl Launch {
@@ -81,17 +83,18 @@ impl Launch {
             )));
         };
         crate::cuda::require(device)?;
-        let capture = if cuda_stream::is_capturing(stream, ordinal)? {
+        let (capture, not_capturing) = if cuda_stream::is_capturing(stream, ordinal)? {
             (crate::cuda::shared::services().note_capture)(ordinal, stream);
-            Some(RelaxedCapture::new())
+            (Some(RelaxedCapture::new()), None)
         } else {
-            None
+            (None, Some(cuda_stream::NotCapturing::new(ordinal, stream)))
         };
         Ok(Launch {
             ordinal,
             stream,
             capture,
             results: RefCell::new(Vec::new()),
+            _not_capturing: not_capturing,
         })
     }
 
