@@ -11,6 +11,27 @@ import subprocess
 import zlib
 
 
+def empty_caches(variable, path):
+    """The environment of a child process whose kernel caches are all at `path`, which starts
+    empty: the library's own (`variable` names it: CUBRIDGE_CACHE_DIR, CUPY_CACHE_DIR) and
+    NVRTC's. NVRTC 12.9 and later keeps every compile in the CUDA compute cache
+    (~/.nv/ComputeCache) and serves it to any later process, library caches empty or not, so a
+    child left with the machine's compute cache compiles a program that any process on the
+    machine compiled before in about a tenth of the time. Set BENCH_NVRTC_CACHE=shared to
+    measure that case instead (the machine's compute cache, as it is)."""
+    env = {variable: path}
+    if os.environ.get("BENCH_NVRTC_CACHE") != "shared":
+        env["CUDA_CACHE_PATH"] = os.path.join(path, "cuda-compute-cache")
+    return env
+
+
+def caches_label():
+    """What [`empty_caches`] leaves a child, for the reports."""
+    if os.environ.get("BENCH_NVRTC_CACHE") == "shared":
+        return "empty library cache, the machine's NVRTC cache as it is"
+    return "empty caches (the library's and NVRTC's)"
+
+
 def versions():
     """Machine, GPU, driver and library versions, for the header of every result."""
     info = {

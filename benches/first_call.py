@@ -9,6 +9,10 @@ Goals (median, to the launch, plain and transposed): at most 5 ms for every same
 float16/bfloat16 with float32 and float64 (all shipped); at most 50 ms for other promotions and for a users'
 ElementwiseKernel, which compile. With `CUBRIDGE_TRACE_LOADS=1` in the environment each child
 also prints where its module loads spent their time (shown for the slowest child of a case).
+"Empty" includes NVRTC's own cache (a fresh `CUDA_CACHE_PATH` a child): NVRTC 12.9 and later
+serves a program that any process on the machine compiled before in about a tenth of its compile
+time, which would otherwise make every child but the first look fast (`BENCH_NVRTC_CACHE=shared`
+measures that case).
 
     python benches/first_call.py [--runs 5] [--out DIR]
 """
@@ -21,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from _common import save_json, start
+from _common import caches_label, empty_caches, save_json, start
 
 # (case, goal in ms): every same-dtype add ships (5 ms), as do float16 and bfloat16 with float32
 # and float64; other promotions and a users' kernel compile (50 ms). "kernel" is a users' ElementwiseKernel
@@ -125,7 +129,7 @@ def main():
         shipped = "?"
     print(f"kernels shipped in this build: {shipped}", flush=True)
     print(
-        f"\nfirst add in a new process, empty kernel cache, 2^20 elements; ms, median (min-max) "
+        f"\nfirst add in a new process, {caches_label()}, 2^20 elements; ms, median (min-max) "
         f"of {args.runs} processes"
     )
     print(f"{'case':22} {'to launch':>22} {'to done':>22} {'transposed, to launch':>24}  goal")
@@ -137,7 +141,7 @@ def main():
         runs = []
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as cache:
-                runs.append(child(CHILD, case, {"CUBRIDGE_CACHE_DIR": cache}))
+                runs.append(child(CHILD, case, empty_caches("CUBRIDGE_CACHE_DIR", cache)))
         results[case] = runs
         launch = stats(runs, "launch")
         tl = stats(runs, "t_launch")
@@ -154,9 +158,9 @@ def main():
     warm = []
     with tempfile.TemporaryDirectory() as cache:
         if not args.no_warm:
-            child(CHILD, "int16+int16", {"CUBRIDGE_CACHE_DIR": cache})
+            child(CHILD, "int16+int16", empty_caches("CUBRIDGE_CACHE_DIR", cache))
         for _ in range(0 if args.no_warm else args.runs):
-            warm.append(child(CHILD, "int16+int16", {"CUBRIDGE_CACHE_DIR": cache}))
+            warm.append(child(CHILD, "int16+int16", empty_caches("CUBRIDGE_CACHE_DIR", cache)))
     if warm:
         print(
             f"{'int16+int16, warm':22} {fmt(stats(warm, 'launch')):>22} "
@@ -170,7 +174,7 @@ def main():
             runs = []
             for _ in range(args.runs):
                 with tempfile.TemporaryDirectory() as cache:
-                    runs.append(child(CUPY_CHILD, case, {"CUPY_CACHE_DIR": cache}))
+                    runs.append(child(CUPY_CHILD, case, empty_caches("CUPY_CACHE_DIR", cache)))
             cupy_runs[case] = runs
             print(
                 f"{'cupy.add ' + case:22} {fmt(stats(runs, 'launch')):>22} "

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from _common import save_json, start
+from _common import empty_caches, save_json, start
 
 SOURCE = r"""
 template <typename T> __global__ void axpb(const T* x, T* y, T a, T b, int n) {
@@ -75,12 +75,12 @@ def runs_of(lib, variable, runs, warm):
     out = []
     if warm:
         with tempfile.TemporaryDirectory() as cache:
-            child(lib, {variable: cache})
-            out = [child(lib, {variable: cache}) for _ in range(runs)]
+            child(lib, empty_caches(variable, cache))
+            out = [child(lib, empty_caches(variable, cache)) for _ in range(runs)]
     else:
         for _ in range(runs):
             with tempfile.TemporaryDirectory() as cache:
-                out.append(child(lib, {variable: cache}))
+                out.append(child(lib, empty_caches(variable, cache)))
     return out
 
 

@@ -28,7 +28,15 @@ import tempfile
 
 import cubridge as cb
 import torch
-from _common import GpuTimer, calls_for, interleaved, save_json, start
+from _common import (
+    GpuTimer,
+    caches_label,
+    calls_for,
+    empty_caches,
+    interleaved,
+    save_json,
+    start,
+)
 
 try:
     import cupy as cp
@@ -155,12 +163,12 @@ print(json.dumps({"launch": t1 - t0}))
 
 
 def first_calls(runs, rows):
-    print("\nfirst call in a fresh process, empty cache (ms to the launch: median, min-max):")
+    print(f"\nfirst call in a fresh process, {caches_label()} (ms to the launch: median, min-max):")
     for case, goal in (("kernel", 50.0), ("sum", 5.0)):
         times = []
         for _ in range(runs):
             with tempfile.TemporaryDirectory() as cache:
-                env = dict(os.environ, CUBRIDGE_CACHE_DIR=cache)
+                env = dict(os.environ, **empty_caches("CUBRIDGE_CACHE_DIR", cache))
                 out = subprocess.run(
                     [sys.executable, "-c", FIRST, case],
                     env=env,
