@@ -580,10 +580,10 @@ def test_adds_from_threads_on_their_own_streams_allocate_and_free_correctly():
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_side_stream_results_are_reused_there_only_after_their_last_use():
     """A small result whose every use was on one side stream waits (parked) for the next
-    allocation there, which frees it on that stream. Behind 0.2 s of queued work, so that no
-    use is complete when its block is freed and reused: a chain of allocating adds and a
-    stream destroyed with blocks parked for it, then a new stream (the driver may give it the
-    same handle). Every value equals torch's, and the pool does not grow by every result."""
+    allocation there, which frees it on that stream. A chain of 300 allocating adds behind
+    0.2 s of queued work (each block freed and reused while the work that used it is still
+    queued), three times, each on a new stream: every value equals torch's, and the pool does
+    not grow by every result. (The ordering across a destroyed stream: the next test.)"""
     settle()
     n = 1 << 16
     x = torch.rand(n, device="cuda")
@@ -606,6 +606,45 @@ def test_side_stream_results_are_reused_there_only_after_their_last_use():
     grown = cb.cuda.memory_stats()["reserved_bytes"] - before
     assert grown < 64 << 20, grown
     settle()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+@needs_cupy
+def test_a_parked_block_outwaits_its_last_use_on_a_destroyed_stream():
+    """A result parked for a CuPy stream whose last use (the next add, reading it) is still
+    queued behind 0.3 s of work when the stream is destroyed; a new stream that the driver
+    gives the same handle then allocates the same size at once, which frees the parked block
+    there and may reuse it, and writes x + 5 into it. The queued use must still read 2x: the
+    free waits for the use's event, not only for the new stream's own order."""
+    settle()
+    n = 1 << 16
+    x = torch.rand(n, device="cuda")
+    tried = 0
+    for _ in range(8):
+        s1 = cupy.cuda.Stream(non_blocking=True)
+        h1 = s1.ptr
+        spin(0.3, torch.cuda.ExternalStream(h1))
+        c = cb.add(x, x, stream=h1)
+        d = cb.add(c, x, stream=h1)  # reads c behind the spin
+        del c  # parked for s1
+        del s1
+        gc.collect()  # s1 destroyed, its work still queued
+        s2 = cupy.cuda.Stream(non_blocking=True)
+        if s2.ptr != h1:
+            torch.cuda.synchronize()
+            continue
+        tried += 1
+        junk = [cb.add(x, 5.0, stream=s2.ptr) for _ in range(4)]
+        got = torch.from_dlpack(d).clone()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got, x * 3)
+        for j in junk:
+            torch.testing.assert_close(torch.from_dlpack(j), x + 5)
+        del junk, d, s2
+        settle()
+    if tried == 0:
+        pytest.skip("the driver gave no new stream a destroyed one's handle")
 
 
 @pytest.mark.cuda

@@ -102,14 +102,15 @@ static PARKED: Mutex<Vec<Parked>> = Mutex::new(Vec::new());
 static N_PARKED: AtomicUsize = AtomicUsize::new(0);
 
 /// The one stream of every use of `uses`, where that is a stream of the caller's (not a
-/// default stream, whose frees need no event), every kernel and write on it carries an event,
-/// and no consumer declared a stream (which a later free would have to record on, alive or not).
+/// default stream, whose frees need no event), every kernel and write on it carries an event of
+/// this copy's (one another copy lent may be valid only for the call that frees), and no
+/// consumer declared a stream (which a later free would have to record on, alive or not).
 fn only_stream(uses: &Uses) -> Option<Stream> {
     if uses.unknown || !uses.streams.is_empty() {
         return None;
     }
     let stream = uses.write.iter().chain(&uses.kernels).next()?.stream;
-    let same = |w: &Write| w.stream == stream && w.event.is_some();
+    let same = |w: &Write| w.stream == stream && w.event.as_ref().is_some_and(|e| !e.is_lent());
     (!stream.is_default() && uses.write.iter().chain(&uses.kernels).all(same)).then_some(stream)
 }
 
@@ -127,13 +128,12 @@ fn park(ptr: u64, bytes: usize, ordinal: u32, uses: Uses) -> Option<Uses> {
             stream,
             uses,
         });
-        (parked.len() > PARK_MAX).then(|| parked.remove(0))
+        let oldest = (parked.len() > PARK_MAX).then(|| parked.remove(0));
+        N_PARKED.store(parked.len(), Ordering::Release);
+        oldest
     };
-    match oldest {
-        Some(p) => free_parked(p),
-        None => {
-            N_PARKED.fetch_add(1, Ordering::AcqRel);
-        }
+    if let Some(p) = oldest {
+        free_parked(p);
     }
     None
 }
@@ -147,13 +147,13 @@ pub fn unpark(ordinal: u32, stream: Stream) {
     }
     let mine: Vec<Parked> = {
         let mut parked = crate::lock(&PARKED);
-        let (mine, kept) = std::mem::take(&mut *parked)
+        let (mine, kept): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut *parked)
             .into_iter()
             .partition(|p| p.ordinal == ordinal && p.stream == stream);
         *parked = kept;
+        N_PARKED.store(parked.len(), Ordering::Release);
         mine
     };
-    N_PARKED.fetch_sub(mine.len(), Ordering::AcqRel);
     let capturing = || {
         !stream::NotCapturing::known(ordinal, stream)
             && stream::is_capturing(stream, ordinal).unwrap_or(true)
@@ -168,7 +168,9 @@ pub fn unpark(ordinal: u32, stream: Stream) {
     }
 }
 
-/// [`unpark`]'s free of one block on its stream.
+/// [`unpark`]'s free of one block on its stream. A use seen complete needs no wait: on the
+/// same stream it precedes the free anyway, and a new stream at a destroyed one's address
+/// starts after it on the device (the event completed there).
 fn free_on_own_stream(p: &Parked) -> Result<()> {
     for write in p.uses.write.iter().chain(&p.uses.kernels) {
         if let Some(event) = write.event.as_ref().filter(|e| !e.is_done()) {
@@ -183,8 +185,11 @@ fn free_on_own_stream(p: &Parked) -> Result<()> {
 
 /// Frees every parked block as any other (for `empty_cache` and a lack of memory).
 pub fn unpark_all() {
-    let all = std::mem::take(&mut *crate::lock(&PARKED));
-    N_PARKED.fetch_sub(all.len(), Ordering::AcqRel);
+    let all = {
+        let mut parked = crate::lock(&PARKED);
+        N_PARKED.store(0, Ordering::Release);
+        std::mem::take(&mut *parked)
+    };
     all.into_iter().for_each(free_parked);
 }
 

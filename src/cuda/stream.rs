@@ -136,6 +136,12 @@ impl Event {
         Ok(event)
     }
 
+    /// Whether another copy of cubridge lent this event ([`Event::lent`]): it may be valid only
+    /// while the call that lent it lasts.
+    pub fn is_lent(&self) -> bool {
+        self.owner.is_some()
+    }
+
     /// An event of device `ordinal` that `owner` keeps alive (another copy of cubridge lends
     /// it, see [`super::shared`]); it is never recorded again here, only waited for and asked.
     ///
@@ -286,43 +292,53 @@ pub fn destroy(stream: Stream, ordinal: u32) {
     }
 }
 
+/// What a thread knows not to be capturing: a device, a stream, and the guard that knows it.
+type Known = Option<(u32, Stream, u64)>;
+
 thread_local! {
     /// The stream that work being prepared on this thread found not capturing (see
     /// [`NotCapturing`]).
-    static NOT_CAPTURING: std::cell::Cell<Option<(u32, Stream)>> =
-        const { std::cell::Cell::new(None) };
+    static NOT_CAPTURING: std::cell::Cell<Known> = const { std::cell::Cell::new(None) };
+    /// Numbers the guards of this thread.
+    static GUARDS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// While it lives, this thread knows that `stream` of a device is not capturing: work is being
 /// prepared on it, which asked (a capture that began meanwhile would take in that work too).
-/// Spares allocations for that work asking again.
+/// Spares allocations for that work asking again. Stays on its thread (not `Send`).
 pub struct NotCapturing {
     /// What the thread knew before, restored on drop.
-    before: Option<(u32, Stream)>,
-    mine: (u32, Stream),
+    before: Known,
+    /// This guard's number.
+    id: u64,
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 impl NotCapturing {
     /// Notes that `stream` of `ordinal` was just found not capturing, until dropped.
     pub fn new(ordinal: u32, stream: Stream) -> NotCapturing {
-        let mine = (ordinal, stream);
+        let id = GUARDS.get().wrapping_add(1);
+        GUARDS.set(id);
         NotCapturing {
-            before: NOT_CAPTURING.replace(Some(mine)),
-            mine,
+            before: NOT_CAPTURING.replace(Some((ordinal, stream, id))),
+            id,
+            _thread: std::marker::PhantomData,
         }
     }
 
     /// Whether this thread knows `stream` of `ordinal` not to be capturing now.
     pub fn known(ordinal: u32, stream: Stream) -> bool {
-        NOT_CAPTURING.get() == Some((ordinal, stream))
+        NOT_CAPTURING
+            .get()
+            .is_some_and(|(o, s, _)| (o, s) == (ordinal, stream))
     }
 }
 
 impl Drop for NotCapturing {
     fn drop(&mut self) {
-        // Dropped out of order (not the newest), the thread forgets rather than keep a stale
-        // answer: the next allocation asks the driver.
-        let newest = NOT_CAPTURING.get() == Some(self.mine);
+        // Dropped out of order (not the newest guard), the thread forgets rather than keep an
+        // answer whose guard is gone: the next allocation asks the driver.
+        let newest = NOT_CAPTURING.get().is_some_and(|(_, _, id)| id == self.id);
         NOT_CAPTURING.set(if newest { self.before } else { None });
     }
 }
