@@ -181,7 +181,7 @@ pub const MINIMAL: &str = "-minimal";
 
 /// NVRTC's option to optimize and translate a program's kernels on as many threads as the
 /// machine has, rather than one after the other: a reduction's two kernels compile side by side
-/// (NVRTC 12.9 and 13; 12.4 accepts it and compiles as without; dropped for older ones).
+/// (measured with NVRTC 13; 12.4 accepts it and compiles as without; dropped for older ones).
 pub const SPLIT: &str = "-split-compile=0";
 
 /// The loaded NVRTC's version, read once.
