@@ -23,7 +23,7 @@ import cubridge as cb
 import cupy as cp
 import numpy as np
 import torch
-from _common import round_times, start
+from _common import caches_label, round_times, start
 
 N = 1 << 10
 RAW_SRC = (
@@ -160,7 +160,8 @@ def main():
 
     if not args.no_first_calls:
         print(
-            "\nFirst calls of the compiled cases, 5 fresh processes each, empty cache", flush=True
+            f"\nFirst calls of the compiled cases, 5 fresh processes each, {caches_label()}",
+            flush=True,
         )
         here = os.path.dirname(os.path.abspath(__file__))
         cases = "int16+int32,int8+int16,float32+float64,kernel"
