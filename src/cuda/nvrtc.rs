@@ -423,8 +423,7 @@ fn lowered_name(
 
 /// NVRTC's options for `target`: the architecture, the include folders, the caller's `extra`
 /// (less `-minimal` and `-split-compile` where this NVRTC predates them: they only speed a
-/// compile up) and C++17 unless
-/// the caller chose a standard.
+/// compile up) and C++17 unless the caller chose a standard.
 fn options_for(target: Target, extra: &[String]) -> Vec<String> {
     let mut options: Vec<String> = vec![match target {
         Target::Cubin(a) => format!("--gpu-architecture=sm_{a}"),

@@ -208,10 +208,13 @@ pub fn strategy(
     // Outputs too few to fill a block with their warps take a block each where every thread
     // gets a pack (a small array summed whole: one round of loads, not several a lane; H100,
     // 4096 float32 elements: 1.88 us in the kernel against 3.03 us with a warp).
-    let wide = |n: usize| match n <= 4096 || n_out.saturating_mul(32) >= resident {
-        _ if n_out.saturating_mul(32) < BLOCK as usize && n >= BLOCK as usize * width => BLOCK,
-        true => 32,
-        false => BLOCK,
+    let few_outputs = n_out.saturating_mul(32) < BLOCK as usize;
+    let wide = |n: usize| {
+        let rows = n <= 4096 || n_out.saturating_mul(32) >= resident;
+        match rows && !(few_outputs && n >= BLOCK as usize * width) {
+            true => 32,
+            false => BLOCK,
+        }
     };
     // Columns take a thread each, neighbours on neighbouring columns, where there are enough of
     // them to fill a warp; fewer columns take a group each (the rows they share come from the
