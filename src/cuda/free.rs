@@ -52,28 +52,40 @@ pub struct Uses {
 }
 
 /// Frees `ptr` (`bytes` of `kind`) after `uses`, without blocking the calling thread.
-pub(super) fn free(ptr: u64, bytes: usize, kind: MemoryKind, mut uses: Uses) {
-    if let MemoryKind::Device {
-        ordinal,
-        pooled: true,
-    } = kind
-    {
-        match park(ptr, bytes, ordinal, uses) {
-            Some(not_parked) => uses = not_parked,
-            None => return,
+pub(super) fn free(ptr: u64, bytes: usize, kind: MemoryKind, uses: Uses) {
+    match kind {
+        MemoryKind::Device {
+            ordinal,
+            pooled: true,
+        } => {
+            if let Some(not_parked) = park(ptr, bytes, ordinal, uses) {
+                free_pooled(ptr, ordinal, not_parked);
+            }
         }
-        // The last reference may go on a thread that is capturing a graph (a Python variable
-        // reassigned inside `torch.cuda.graph`): the free's calls are on streams outside the
-        // capture, which its mode would refuse, invalidating it.
-        let _relaxed = stream::RelaxedCapture::new();
-        if !uses.unknown && ordered_free(ptr, ordinal, &uses).is_ok() {
-            return;
-        }
+        _ => background(Job {
+            what: Freed::Memory(ptr, kind),
+            uses,
+        }),
     }
-    background(Job {
-        what: Freed::Memory(ptr, kind),
-        uses,
-    });
+}
+
+/// Frees a pooled block of device `ordinal` after `uses`: ordered on the device where it can
+/// be, else on the background thread.
+fn free_pooled(ptr: u64, ordinal: u32, uses: Uses) {
+    // The last reference may go on a thread that is capturing a graph (a Python variable
+    // reassigned inside `torch.cuda.graph`): the free's calls are on streams outside the
+    // capture, which its mode would refuse, invalidating it.
+    let _relaxed = stream::RelaxedCapture::new();
+    if uses.unknown || ordered_free(ptr, ordinal, &uses).is_err() {
+        let kind = MemoryKind::Device {
+            ordinal,
+            pooled: true,
+        };
+        background(Job {
+            what: Freed::Memory(ptr, kind),
+            uses,
+        });
+    }
 }
 
 /// Drops `held`, which keeps another owner's memory on device `ordinal` valid, once the device
@@ -195,17 +207,7 @@ pub fn unpark_all() {
 
 /// Frees a parked block after its uses, as a block that is not parked.
 fn free_parked(p: Parked) {
-    let _relaxed = stream::RelaxedCapture::new();
-    if ordered_free(p.ptr, p.ordinal, &p.uses).is_err() {
-        let kind = MemoryKind::Device {
-            ordinal: p.ordinal,
-            pooled: true,
-        };
-        background(Job {
-            what: Freed::Memory(p.ptr, kind),
-            uses: p.uses,
-        });
-    }
+    free_pooled(p.ptr, p.ordinal, p.uses);
 }
 
 /// Queues the free of a pooled block after its uses, or fails (and queues nothing) when that
