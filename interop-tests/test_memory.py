@@ -587,6 +587,7 @@ def test_side_stream_results_are_reused_there_only_after_their_last_use():
     settle()
     n = 1 << 16
     x = torch.rand(n, device="cuda")
+    torch.cuda.synchronize()  # x is read on other streams, which torch does not order
     before = cb.cuda.memory_stats()["reserved_bytes"]
     for _ in range(3):
         s = cupy.cuda.Stream(non_blocking=True) if cupy is not None else torch.cuda.Stream()
@@ -620,6 +621,7 @@ def test_a_parked_block_outwaits_its_last_use_on_a_destroyed_stream():
     settle()
     n = 1 << 16
     x = torch.rand(n, device="cuda")
+    torch.cuda.synchronize()  # x is read on other streams, which torch does not order
     tried = 0
     for _ in range(8):
         s1 = cupy.cuda.Stream(non_blocking=True)
@@ -650,9 +652,13 @@ def test_a_parked_block_outwaits_its_last_use_on_a_destroyed_stream():
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
 def test_empty_cache_gives_back_blocks_parked_for_a_side_stream():
+    """Results used only on a torch side stream are parked for it; `empty_cache` frees them
+    after their uses (the values read on the default stream stay right) and the pool's use
+    goes back to what it was."""
     settle()
     side = torch.cuda.Stream()
     x = torch.ones(1 << 16, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())  # torch does not order the fill before side
     with torch.cuda.stream(side):
         x = x.clone()
     side.synchronize()
