@@ -6,9 +6,9 @@ use super::{check, context, nvrtc};
 use crate::dtype::DType;
 use crate::error::Result;
 use cudarc::driver::{result, sys};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 /// The parameter structs of every elementwise kernel, which every program starts with; mirrored
 /// by [`crate::ops::elementwise::params`].
@@ -95,7 +95,7 @@ pub struct Program {
 }
 
 /// The compute capability of `ordinal` as a number (9.0 → 90).
-fn arch(ordinal: u32) -> Result<u32> {
+pub(crate) fn arch(ordinal: u32) -> Result<u32> {
     use sys::CUdevice_attribute::*;
     let major = context::attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = context::attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -134,25 +134,42 @@ pub enum Code {
     Image(Vec<u8>),
 }
 
-/// Loaded modules by device and code; leaked, as modules stay loaded for the process.
-type ModuleCache = HashMap<(u32, Code), &'static Module>;
-static MODULES: Mutex<Option<ModuleCache>> = Mutex::new(None);
+/// Loaded modules by device and code (leaked, as modules stay loaded for the process), and
+/// those a thread is loading now.
+#[derive(Default)]
+struct Modules {
+    loaded: HashMap<(u32, Code), &'static Module>,
+    loading: HashSet<(u32, Code)>,
+}
+static MODULES: Mutex<Option<Modules>> = Mutex::new(None);
+/// Signalled when a thread ends a module's load.
+static LOADED: Condvar = Condvar::new();
 
 /// The module of `code` on `ordinal`, loaded once per process and device; leaves the device's
 /// context current. A source is compiled from its cubin shipped in the build where there is one
 /// for the device (see [`super::shipped`]), else the disk cache's (see [`super::disk_cache`];
 /// with the lowered names of its name expressions), else NVRTC's. A shipped or cached image
-/// that the driver refuses (an older driver, say) is passed over for a compile; a refused cache
-/// entry is discarded. (Callers reach this through [`super::shared::module`], which hands it to
-/// the process's runtime where this copy of cubridge adopted one.)
+/// that the driver refused (an older driver, say) is passed over for a compile; a refused cache
+/// entry is discarded. No lock is held while a module compiles: other modules load meanwhile
+/// (a background compile of a tiled program takes hundreds of milliseconds), and a thread that
+/// asks for the same one waits for it. (Callers reach this through [`super::shared::module`],
+/// which hands it to the process's runtime where this copy of cubridge adopted one.)
 pub fn module(ordinal: u32, code: &Code) -> Result<&'static Module> {
     context::bind(ordinal)?;
-    let mut guard = crate::lock(&MODULES);
-    let cache = guard.get_or_insert_with(HashMap::new);
     let key = (ordinal, code.clone());
-    if let Some(&found) = cache.get(&key) {
-        return Ok(found);
+    let mut guard = crate::lock(&MODULES);
+    loop {
+        let modules = guard.get_or_insert_with(Modules::default);
+        if let Some(&found) = modules.loaded.get(&key) {
+            return Ok(found);
+        }
+        if modules.loading.insert(key.clone()) {
+            break;
+        }
+        guard = LOADED.wait(guard).unwrap_or_else(|e| e.into_inner());
     }
+    drop(guard);
+    let loading = Loading(&key);
     let module = match code {
         Code::Source(source) => load_module(ordinal, source)?,
         Code::Image(image) => Module {
@@ -161,8 +178,25 @@ pub fn module(ordinal: u32, code: &Code) -> Result<&'static Module> {
         },
     };
     let found: &'static Module = Box::leak(Box::new(module));
-    cache.insert(key, found);
+    let mut guard = crate::lock(&MODULES);
+    let modules = guard.get_or_insert_with(Modules::default);
+    modules.loaded.insert(key.clone(), found);
+    drop(guard);
+    drop(loading);
     Ok(found)
+}
+
+/// A module this thread is loading; dropped (loaded, failed or unwound), it lets waiting
+/// threads look again.
+struct Loading<'k>(&'k (u32, Code));
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        if let Some(modules) = crate::lock(&MODULES).as_mut() {
+            modules.loading.remove(self.0);
+        }
+        LOADED.notify_all();
+    }
 }
 
 /// Loads a cubin or NUL-terminated PTX into the current context.
@@ -282,14 +316,26 @@ fn refused_as_none(loaded: Result<sys::CUmodule>) -> Result<Option<sys::CUmodule
 /// [`super::shared::program`], which hands it to the process's runtime where this copy of
 /// cubridge adopted one.)
 pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
-    let mut guard = crate::lock(&SOURCES);
-    let cache = guard.get_or_insert_with(HashMap::new);
-    if let Some(&found) = cache.get(&(ordinal, program.clone())) {
+    let key = (ordinal, program.clone());
+    if let Some(&found) = crate::lock(&SOURCES).as_ref().and_then(|c| c.get(&key)) {
         return Ok(found);
     }
+    // Loaded without the lock ([`module`] loads each module once): two threads that both get
+    // here find the same functions.
     let found = load(ordinal, program)?;
-    cache.insert((ordinal, program.clone()), found);
-    Ok(found)
+    let mut guard = crate::lock(&SOURCES);
+    Ok(*guard
+        .get_or_insert_with(HashMap::new)
+        .entry(key)
+        .or_insert(found))
+}
+
+/// Whether `program`'s functions on `ordinal` are loaded in this copy of cubridge.
+pub fn is_loaded(ordinal: u32, program: &Program) -> bool {
+    let guard = crate::lock(&SOURCES);
+    guard
+        .as_ref()
+        .is_some_and(|c| c.contains_key(&(ordinal, program.clone())))
 }
 
 /// The modules loaded from source in this process, as (name, device) pairs: the elementwise
@@ -297,7 +343,7 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
 /// (whose copies of cubridge load them here).
 pub fn loaded_programs() -> Vec<(String, u32)> {
     let guard = crate::lock(&MODULES);
-    let keys = guard.iter().flat_map(|cache| cache.keys());
+    let keys = guard.iter().flat_map(|modules| modules.loaded.keys());
     keys.filter_map(|(ordinal, code)| match code {
         Code::Source(s) => Some((s.name.clone(), *ordinal)),
         Code::Image(_) => None,
