@@ -75,6 +75,17 @@ def interleaved(fns, calls, rounds=7, warmup=200, sync=None):
     return {k: statistics.median((loop + end) / calls for loop, end in v) for k, v in times.items()}
 
 
+def wait_for_compiles(fns):
+    """Waits for cubridge's background compiles (the tiled kernel of a transposed layout, which
+    the first calls run without), then calls each of `fns` once more, so that what is timed
+    next runs the kernels that a program's later calls run."""
+    import cubridge
+
+    cubridge.cuda.wait_for_compiles()
+    for fn in fns.values():
+        fn()
+
+
 def round_times(fns, calls, rounds=7, warmup=200, sync=None):
     """[`interleaved`]'s rounds, each kept: per function, a list of (seconds in the loop of
     `calls` calls, seconds in the `sync` that ends the round)."""
@@ -87,6 +98,7 @@ def round_times(fns, calls, rounds=7, warmup=200, sync=None):
     for fn in fns.values():
         for _ in range(min(calls, warmup)):
             fn()
+    wait_for_compiles(fns)
     sync()
     times = {k: [] for k in fns}
     for _ in range(rounds):
@@ -129,6 +141,7 @@ class GpuTimer:
 
     def time(self, fn, repeat, flush=True, spin_cycles=200_000):
         torch = self.torch
+        wait_for_compiles({"fn": fn})
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
         for s, e in zip(starts, ends, strict=True):

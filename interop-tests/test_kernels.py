@@ -330,10 +330,11 @@ def test_transposed_inputs_take_the_tiled_kernel_and_match_torch(
 ):
     # A kernel of two inputs (a scalar between them) or one input, and one output that is only
     # assigned, takes add's tiled kernel for a transposed input: a program of its own, compiled
-    # when a transposed layout first needs it (an empty kernel cache shows it), whose results
-    # must equal torch's at every tile edge, padded or not, whichever input is transposed. The
-    # scalar is 2 and the one-input kernel doubles, so every result is one rounding of an exact
-    # value, whatever the arithmetic contracts.
+    # in the background when a transposed layout first needs it (an empty kernel cache shows
+    # it; that first call runs the strided kernel), whose results must equal torch's at every
+    # tile edge, padded or not, whichever input is transposed. The scalar is 2 and the one-input
+    # kernel doubles, so every result is one rounding of an exact value, whatever the
+    # arithmetic contracts.
     monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path))
     tag = f"{dtype}_{shape[0]}x{shape[1]}"
     two = cb.ElementwiseKernel("T x, T a, T y", "T z", "z = x * a + y", f"tile2_{tag}")
@@ -351,6 +352,16 @@ def test_transposed_inputs_take_the_tiled_kernel_and_match_torch(
     two(x, 2, y)  # contiguous operands: the flat program
     one(x)
     flat = len(list(tmp_path.iterdir()))
+    # The first transposed calls: the strided kernel, the tiled programs compiling meanwhile.
+    want = (xt.to(wide) * 2 + y.to(wide)).to(td)
+    torch.testing.assert_close(torch.from_dlpack(two(xt, 2, y)), want, rtol=0, atol=0)
+    torch.testing.assert_close(torch.from_dlpack(one(xt)), xt + xt, rtol=0, atol=0)
+    cb.cuda.wait_for_compiles()
+    # Each kernel compiled its strided and its tiled program.
+    assert len(list(tmp_path.iterdir())) == flat + 4
+    tiled = [n for n, _ in cb.cuda.loaded_programs() if n.endswith("_tiled32")]
+    for kernel in (f"tile2_{tag}_", f"tile1_{tag}_"):
+        assert any(n.startswith(kernel) for n in tiled), kernel
     for u, v in [(xt, y), (x, yt), (xt, yt)]:
         want = (u.to(wide) * 2 + v.to(wide)).to(td)
         got = torch.from_dlpack(two(u, 2, v))
@@ -360,8 +371,7 @@ def test_transposed_inputs_take_the_tiled_kernel_and_match_torch(
         assert two(u, 2, v, out=out) is out
         torch.testing.assert_close(out, want, rtol=0, atol=0)
     torch.testing.assert_close(torch.from_dlpack(one(xt)), xt + xt, rtol=0, atol=0)
-    # Each kernel compiled its tiled program (the strided kernel is in the flat one).
-    assert len(list(tmp_path.iterdir())) == flat + 2
+    assert len(list(tmp_path.iterdir())) == flat + 4
 
 
 @pytest.mark.cuda
@@ -802,6 +812,7 @@ def test_a_call_loads_only_the_variant_it_runs():
     np.testing.assert_array_equal(torch.from_dlpack(z).cpu().numpy(), (t * 3).cpu().numpy())
     z = triple(x[::2])
     np.testing.assert_array_equal(torch.from_dlpack(z).cpu().numpy(), (x[::2] * 3).cpu().numpy())
+    cb.cuda.wait_for_compiles()  # the tiled program may compile in the background
     assert loaded("only_needed_") == [
         "only_needed_float32_float32_strided32",
         "only_needed_float32_float32_tiled32",
@@ -813,6 +824,33 @@ def test_a_call_loads_only_the_variant_it_runs():
     r = cb.add(a, b)
     np.testing.assert_array_equal(torch.from_dlpack(r).cpu().numpy(), (a + b).cpu().numpy())
     assert len(loaded("add_int8_int32_int32_")) == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_a_first_transposed_call_does_not_wait_for_the_tiled_compile(tmp_path, monkeypatch):
+    """With an empty kernel cache, the first call on a transposed input compiles the strided
+    kernel and runs it, while the tiled program (hundreds of milliseconds of NVRTC) compiles on
+    a background thread; once it is loaded, calls take it. Every result equals torch's."""
+    monkeypatch.setenv("CUBRIDGE_CACHE_DIR", str(tmp_path))
+    name = f"background_{os.getpid()}_{time.monotonic_ns()}"  # a source NVRTC never saw
+    k = cb.ElementwiseKernel("T x, T y", "T z", "z = x * 3 + y", name)
+
+    def programs():
+        return sorted(n.rsplit("_", 1)[1] for n, _ in cb.cuda.loaded_programs() if name in n)
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(300, 500, device="cuda", generator=g).T
+    y = torch.randn(500, 300, device="cuda", generator=g)
+    want = (x.double() * 3 + y.double()).float()
+    first = k(x, y)
+    assert programs() == ["strided32"]  # the call returned before the tiled compile ended
+    torch.testing.assert_close(torch.from_dlpack(first), want)
+    cb.cuda.wait_for_compiles()
+    assert programs() == ["strided32", "tiled32"]
+    later = k(x, y)
+    torch.testing.assert_close(torch.from_dlpack(later), want)
+    assert torch.equal(torch.from_dlpack(later), torch.from_dlpack(first))
 
 
 # --- RawModule ---------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ RAISE_NOTHING = {
     "cuda.device_count",
     "cuda.shipped_kernels",
     "cuda.loaded_programs",
+    "cuda.wait_for_compiles",
 }
 # Classes that are not called to make instances: exceptions, and Array (made by functions).
 NOT_CALLED = {"CudaError", "CompileError", "CudaUnavailableError", "Array"}

@@ -24,6 +24,7 @@ __all__ = [
     "set_shareable",
     "shipped_kernels",
     "synchronize",
+    "wait_for_compiles",
 ]
 
 
@@ -129,6 +130,18 @@ def loaded_programs() -> list[tuple[str, int]]:
     []
     """
     return _cubridge.cuda_loaded_programs()
+
+
+def wait_for_compiles() -> None:
+    """Waits until no kernel is compiling in the background. The first call with a transposed
+    input whose tiled kernel is neither shipped nor in the disk cache runs the strided kernel
+    and compiles the tiled one on a thread (NVRTC takes hundreds of milliseconds for it); calls
+    take the tiled kernel once it is loaded. Benchmarks call this after their warm-up so that
+    they time the kernels that later calls run. Works without CUDA.
+
+    >>> cubridge.cuda.wait_for_compiles()
+    """
+    _cubridge.cuda_wait_for_compiles()
 
 
 def record_stream(array, stream) -> None:

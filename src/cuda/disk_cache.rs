@@ -120,6 +120,11 @@ impl Entry {
         }
     }
 
+    /// Whether a file for this entry exists (intact or not: [`Entry::read`] checks).
+    pub fn exists(&self) -> bool {
+        self.path().is_some_and(|p| p.is_file())
+    }
+
     /// Keeps `image` for later processes. Best effort: a cache that cannot be written only costs
     /// a later compile.
     pub fn write(&self, image: &[u8]) {

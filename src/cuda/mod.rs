@@ -2,6 +2,7 @@
 //! kernel launch site. The driver is loaded at run time, so cubridge imports and its CPU path
 //! works on machines without one; everything CUDA then reports [`Error::CudaUnavailable`].
 
+pub mod background;
 pub mod context;
 pub mod disk_cache;
 pub mod free;

@@ -504,6 +504,13 @@ pub fn cuda_shipped_kernels() -> Vec<(&'static str, u32)> {
     crate::cuda::shipped::list()
 }
 
+/// Waits for the kernels compiling in the background (tiled kernels of transposed layouts),
+/// without the GIL.
+#[pyfunction]
+pub fn cuda_wait_for_compiles(py: Python<'_>) {
+    py.detach(crate::cuda::background::wait);
+}
+
 /// The programs given as source loaded in this process, as (name, device) pairs.
 #[pyfunction]
 pub fn cuda_loaded_programs() -> Vec<(String, u32)> {

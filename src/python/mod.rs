@@ -50,6 +50,7 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::cuda_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_shipped_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_loaded_programs, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::cuda_wait_for_compiles, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_record_stream, m)?)?;
     m.add_function(wrap_pyfunction!(functions::_add_nvrtc_search_dirs, m)?)?;
     m.add_class::<stream::PyStream>()?;

@@ -13,6 +13,7 @@ pub mod source;
 pub mod spec;
 
 use crate::array::Array;
+use crate::cuda::background::{self, Ready};
 use crate::cuda::kernels::Index;
 use crate::cuda::stream::Stream;
 use crate::cuda::sys;
@@ -154,8 +155,7 @@ impl ElementwiseKernel {
             Some(x) => Operand::of(x),
             None => new(k),
         };
-        let mut plan = self.plan(call, before, shape);
-        let mut function = self.function(launch.ordinal(), call, &plan)?;
+        let (mut plan, mut function) = self.planned(launch.ordinal(), call, before, shape)?;
         let outs = call.allocate_outputs(&launch, shape)?;
         let operand = |k: usize| -> &Array {
             match k < nin {
@@ -168,8 +168,8 @@ impl ElementwiseKernel {
                 .iter()
                 .any(|o| !(o.data_ptr() as usize).is_multiple_of(16))
         {
-            plan = self.plan(call, |k| Operand::of(operand(k)), shape);
-            function = self.function(launch.ordinal(), call, &plan)?;
+            let of = |k| Operand::of(operand(k));
+            (plan, function) = self.planned(launch.ordinal(), call, of, shape)?;
         }
         let input_arrays = || (0..nin).filter_map(input);
         launch.order(input_arrays().chain(&outs))?;
@@ -236,6 +236,25 @@ impl ElementwiseKernel {
         Ok(call)
     }
 
+    /// The plan of a call over `operand`s and its kernel, loaded. A tiled plan whose program
+    /// is compiling in the background ([`crate::cuda::background`]) runs untiled meanwhile.
+    fn planned<'o>(
+        &self,
+        ordinal: u32,
+        call: &Call<'_>,
+        operand: impl Fn(usize) -> Operand<'o>,
+        shape: &[usize],
+    ) -> Result<(Plan, sys::CUfunction)> {
+        let plan = self.plan(call, &operand, shape, true);
+        if let Some(function) = self.function(ordinal, call, &plan)? {
+            return Ok((plan, function));
+        }
+        let plan = self.plan(call, &operand, shape, false);
+        let function = self.function(ordinal, call, &plan)?;
+        let function = function.ok_or_else(|| Error::invalid("internal: an untiled kernel"))?;
+        Ok((plan, function))
+    }
+
     /// The plan of a call over the loop's `shape`, with each element parameter `k` as
     /// `operand(k)` sees it.
     fn plan<'o>(
@@ -243,13 +262,14 @@ impl ElementwiseKernel {
         call: &Call<'_>,
         operand: impl Fn(usize) -> Operand<'o>,
         shape: &[usize],
+        may_tile: bool,
     ) -> Plan {
         let nin = call.inputs.len();
         let walked: Dims<Operand<'o>> = call.elements().map(operand).collect();
         // The first element output leads (its writes run along its unit stride), unless the
         // operation reads its index (C order).
         let lead = (!self.indexed).then(|| call.elements().position(|k| k >= nin).unwrap_or(0));
-        let tiled = lead.is_some() && self.tile_operands(call).is_some();
+        let tiled = may_tile && lead.is_some() && self.tile_operands(call).is_some();
         let width = source::vector_width(&call.dtypes, &call.roles);
         Plan::new(shape, shape.iter().product(), &walked, lead, width, tiled)
     }
@@ -297,15 +317,20 @@ impl ElementwiseKernel {
     }
 
     /// The kernel of `plan` for a call's signature on `ordinal`, compiled and loaded the first
-    /// time a call needs it.
-    fn function(&self, ordinal: u32, call: &Call<'_>, plan: &Plan) -> Result<sys::CUfunction> {
+    /// time a call needs it; `None` for a tiled kernel compiling in the background.
+    fn function(
+        &self,
+        ordinal: u32,
+        call: &Call<'_>,
+        plan: &Plan,
+    ) -> Result<Option<sys::CUfunction>> {
         let k = slot(plan.variant, plan.index);
         let same = |o: &u32, sig: &Signature| {
             *o == ordinal && sig.dtypes[..] == call.dtypes[..] && sig.roles[..] == call.roles[..]
         };
         if let Some((o, sig, slots)) = &*crate::lock(&self.last) {
             if same(o, sig) && slots[k] != 0 {
-                return Ok(slots[k] as sys::CUfunction);
+                return Ok(Some(slots[k] as sys::CUfunction));
             }
         }
         let sig = Signature {
@@ -321,14 +346,20 @@ impl ElementwiseKernel {
                     .ok_or_else(|| {
                         Error::invalid("internal: a tiled plan without a tiled kernel")
                     })?;
-            let f = crate::cuda::shared::program(ordinal, &program)?[0];
+            let f = match plan.variant {
+                Variant::Tiled { .. } => match background::program(ordinal, &program)? {
+                    Ready::Now(functions) => functions[0],
+                    Ready::Later => return Ok(None),
+                },
+                _ => crate::cuda::shared::program(ordinal, &program)?[0],
+            };
             let mut map = crate::lock(&self.loaded);
             let entry = map.entry(key.clone()).or_default();
             entry[k] = f;
             slots = *entry;
         }
         *crate::lock(&self.last) = Some((key.0, key.1, slots));
-        Ok(slots[k] as sys::CUfunction)
+        Ok(Some(slots[k] as sys::CUfunction))
     }
 }
 
