@@ -137,7 +137,8 @@ def wait_for_compiles() -> None:
     input whose tiled kernel is neither shipped nor in the disk cache runs the strided kernel
     and compiles the tiled one on a thread (NVRTC takes hundreds of milliseconds for it); calls
     take the tiled kernel once it is loaded. Benchmarks call this after their warm-up so that
-    they time the kernels that later calls run. Works without CUDA.
+    they time the kernels that later calls run; a process that ends waits for them too (its
+    compile then serves later processes from the disk cache). Works without CUDA.
 
     >>> cubridge.cuda.wait_for_compiles()
     """

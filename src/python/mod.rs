@@ -72,9 +72,11 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Buffers that queued kernels hold are released while the interpreter can still run their
     // producers' deleters (see cuda::release).
     let release = wrap_pyfunction!(functions::_release_pending, m)?;
-    m.py()
-        .import("atexit")?
-        .call_method1("register", (release,))?;
+    let atexit = m.py().import("atexit")?;
+    atexit.call_method1("register", (release,))?;
+    // NVRTC must not be unloaded under a background compile (see cuda::background).
+    let compiles = wrap_pyfunction!(functions::cuda_wait_for_compiles, m)?;
+    atexit.call_method1("register", (compiles,))?;
     Ok(())
 }
 

@@ -245,13 +245,20 @@ impl ElementwiseKernel {
         operand: impl Fn(usize) -> Operand<'o>,
         shape: &[usize],
     ) -> Result<(Plan, sys::CUfunction)> {
-        let plan = self.plan(call, &operand, shape, true);
-        if let Some(function) = self.function(ordinal, call, &plan)? {
-            return Ok((plan, function));
+        let tiled = self.plan(call, &operand, shape, true);
+        if let Some(function) = self.function(ordinal, call, &tiled)? {
+            return Ok((tiled, function));
         }
         let plan = self.plan(call, &operand, shape, false);
         let function = self.function(ordinal, call, &plan)?;
         let function = function.ok_or_else(|| Error::invalid("internal: an untiled kernel"))?;
+        // Started once the kernel of this call is loaded, so that its compile has NVRTC first.
+        let sig = call.signature();
+        if let Some(program) =
+            source::program(&self.spec, &sig, &self.reads, tiled.variant, tiled.index)
+        {
+            background::start(ordinal, &program);
+        }
         Ok((plan, function))
     }
 
@@ -317,7 +324,7 @@ impl ElementwiseKernel {
     }
 
     /// The kernel of `plan` for a call's signature on `ordinal`, compiled and loaded the first
-    /// time a call needs it; `None` for a tiled kernel compiling in the background.
+    /// time a call needs it; `None` for a tiled kernel that compiles in the background.
     fn function(
         &self,
         ordinal: u32,
@@ -333,11 +340,7 @@ impl ElementwiseKernel {
                 return Ok(Some(slots[k] as sys::CUfunction));
             }
         }
-        let sig = Signature {
-            dtypes: call.dtypes.to_vec(),
-            roles: call.roles.to_vec(),
-        };
-        let key = (ordinal, sig);
+        let key = (ordinal, call.signature());
         let loaded = |key| crate::lock(&self.loaded).get(key).copied();
         let mut slots = loaded(&key).unwrap_or_default();
         if slots[k] == 0 {
@@ -375,6 +378,14 @@ pub(crate) struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
+    /// The call's signature: each parameter's dtype and role.
+    fn signature(&self) -> Signature {
+        Signature {
+            dtypes: self.dtypes.to_vec(),
+            roles: self.roles.to_vec(),
+        }
+    }
+
     fn param(&self, k: usize) -> &'a spec::Declared {
         let spec = &self.kernel.spec;
         let nin = spec.inputs.len();
