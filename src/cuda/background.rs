@@ -10,8 +10,8 @@
 //! At most [`THREADS`] compiles run at once; a program that finds none free is started by a
 //! later call. A failed compile is run again on the next call that needs the program, where its
 //! error (NVRTC's log, the driver's code) reaches the caller as a compile on the call would.
-//! The Python module waits for running compiles at exit (`cubridge.cuda.wait_for_compiles`):
-//! NVRTC must not be unloaded under a compile.
+//! A process waits for its running compiles when it exits (an `atexit` handler, registered with
+//! the first compile): NVRTC must not be torn down under a compile.
 
 use super::kernels::{self, Program};
 use super::{nvrtc, shared, shipped, stream};
@@ -99,6 +99,12 @@ pub fn start(ordinal: u32, program: &Program) {
     }
     compiles.insert(key.clone(), State::Running(me));
     drop(guard);
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a function that takes no arguments and returns; exit runs it before
+    // the destructors of libraries loaded earlier (NVRTC, the driver).
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(wait_at_exit);
+    });
     let spawned = std::thread::Builder::new()
         .name("cubridge-compile".into())
         .spawn(move || compile(key));
@@ -127,6 +133,10 @@ fn compile((ordinal, program): (u32, Program)) {
     let compiles = guard.get_or_insert_with(HashMap::new);
     compiles.insert((ordinal, program), State::Done(found));
     DONE.notify_all();
+}
+
+extern "C" fn wait_at_exit() {
+    wait();
 }
 
 /// Waits until no background compile of this process runs (their kernels then load on the

@@ -74,9 +74,6 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let release = wrap_pyfunction!(functions::_release_pending, m)?;
     let atexit = m.py().import("atexit")?;
     atexit.call_method1("register", (release,))?;
-    // NVRTC must not be unloaded under a background compile (see cuda::background).
-    let compiles = wrap_pyfunction!(functions::cuda_wait_for_compiles, m)?;
-    atexit.call_method1("register", (compiles,))?;
     Ok(())
 }
 
