@@ -7,8 +7,8 @@
 //! loaded on the call, as any other; so is every program of a copy of cubridge that adopted
 //! another's runtime (an extension module's), whose compiles that runtime does.
 //!
-//! At most [`THREADS`] compiles run at once; a program that finds none free is started by a
-//! later call. A failed compile is run again on the next call that needs the program, where its
+//! Programs wait in a queue that at most [`THREADS`] threads work through, so that a burst of
+//! new signatures does not start an NVRTC (hundreds of megabytes) for each. A failed compile is run again on the next call that needs the program, where its
 //! error (NVRTC's log, the driver's code) reaches the caller as a compile on the call would.
 //! A process waits for its running compiles when it exits (an `atexit` handler, registered with
 //! the first compile): NVRTC must not be torn down under a compile.
@@ -27,41 +27,60 @@ pub enum Ready {
     Later,
 }
 
-/// A background compile.
+/// A background compile of a process (by its id: a forked child has none of its parent's
+/// threads, and takes its entries for unknown).
 enum State {
-    /// Running on a thread of the process with this id (a forked child has none of them).
+    /// Waiting for a thread.
+    Queued(u32),
+    /// Compiling on a thread.
     Running(u32),
     /// Ended, with the functions or the error.
     Done(Result<&'static [usize]>),
 }
 
-/// Background compiles by device and program.
-type Compiles = HashMap<(u32, Program), State>;
+impl State {
+    /// Whether a thread of this process will end this compile: queued or running here.
+    fn pending(&self) -> bool {
+        matches!(self, State::Queued(pid) | State::Running(pid) if *pid == std::process::id())
+    }
+}
+
+/// Background compiles by device and program, and the threads of process `pid` working on
+/// them.
+#[derive(Default)]
+struct Compiles {
+    states: HashMap<(u32, Program), State>,
+    threads: usize,
+    pid: u32,
+}
 static COMPILES: Mutex<Option<Compiles>> = Mutex::new(None);
 /// Signalled when a background compile ends.
 static DONE: Condvar = Condvar::new();
 /// Most compiles that run at once (each NVRTC instance takes hundreds of megabytes).
 pub const THREADS: usize = 2;
 
+fn compiles() -> std::sync::MutexGuard<'static, Option<Compiles>> {
+    crate::lock(&COMPILES)
+}
+
 /// The functions of `program` on device `ordinal` where they load without a compile here, or
-/// where a background compile of it ended; [`Ready::Later`] where it must compile (running
-/// already, or to be started with [`start`]).
+/// where a background compile of it ended; [`Ready::Later`] where it must compile (queued or
+/// running already, or to be started with [`start`]).
 pub fn program(ordinal: u32, program: &Program) -> Result<Ready> {
     let key = (ordinal, program.clone());
-    let failed = match crate::lock(&COMPILES).as_ref().and_then(|c| c.get(&key)) {
+    let failed = match compiles().as_ref().and_then(|c| c.states.get(&key)) {
         Some(State::Done(Ok(functions))) => return Ok(Ready::Now(functions)),
-        Some(State::Running(pid)) if *pid == std::process::id() => return Ok(Ready::Later),
         Some(State::Done(Err(_))) => true,
+        Some(state) if state.pending() => return Ok(Ready::Later),
         // Unknown here, or a parent's before a fork.
         _ => false,
     };
     if failed {
         // Compiled again on this call, which reports the error or keeps the functions.
         let found = shared::program(ordinal, program);
-        let mut guard = crate::lock(&COMPILES);
-        guard
-            .get_or_insert_with(HashMap::new)
-            .insert(key, State::Done(found.clone()));
+        let mut guard = compiles();
+        let states = &mut guard.get_or_insert_with(Compiles::default).states;
+        states.insert(key, State::Done(found.clone()));
         return found.map(Ready::Now);
     }
     if shared::adopted().is_some() || loads_without_compile(ordinal, program) {
@@ -84,20 +103,27 @@ fn loads_without_compile(ordinal: u32, program: &Program) -> bool {
         || nvrtc::entry_for(key, arch).is_some_and(|entry| entry.exists())
 }
 
-/// Starts the compile of `program` on device `ordinal` on a thread of its own, unless it runs
-/// or ended already, or [`THREADS`] compiles run (a later call starts it then).
+/// Queues the compile of `program` on device `ordinal`, unless it is queued, running or ended
+/// already, and starts a thread for it where fewer than [`THREADS`] work.
 pub fn start(ordinal: u32, program: &Program) {
-    let me = std::process::id();
     let key = (ordinal, program.clone());
-    let mut guard = crate::lock(&COMPILES);
-    let compiles = guard.get_or_insert_with(HashMap::new);
-    let running = |s: &State| matches!(s, State::Running(pid) if *pid == me);
-    if compiles.get(&key).is_some_and(running)
-        || compiles.values().filter(|s| running(s)).count() >= THREADS
+    let mut guard = compiles();
+    let c = guard.get_or_insert_with(Compiles::default);
+    if c.pid != std::process::id() {
+        // A forked child: none of its parent's threads runs here.
+        (c.pid, c.threads) = (std::process::id(), 0);
+    }
+    if c.states
+        .get(&key)
+        .is_some_and(|s| s.pending() || matches!(s, State::Done(_)))
     {
         return;
     }
-    compiles.insert(key.clone(), State::Running(me));
+    c.states.insert(key, State::Queued(std::process::id()));
+    if c.threads >= THREADS {
+        return;
+    }
+    c.threads += 1;
     drop(guard);
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
     // SAFETY: registers a function that takes no arguments and returns; exit runs it before
@@ -107,48 +133,72 @@ pub fn start(ordinal: u32, program: &Program) {
     });
     let spawned = std::thread::Builder::new()
         .name("cubridge-compile".into())
-        .spawn(move || compile(key));
+        .spawn(work);
     if spawned.is_err() {
-        // No thread: the program compiles on a later call.
-        let mut guard = crate::lock(&COMPILES);
-        guard
-            .as_mut()
-            .map(|c| c.remove(&(ordinal, program.clone())));
+        // No thread: what it would have compiled is forgotten, and asked for again by a later
+        // call (unless another thread takes it first).
+        let mut guard = compiles();
+        if let Some(c) = guard.as_mut() {
+            c.threads -= 1;
+            if c.threads == 0 {
+                c.states.retain(|_, s| !s.pending());
+            }
+        }
         DONE.notify_all();
     }
 }
 
-/// Compiles and loads `key`'s program, and keeps the outcome for the next call that asks.
-fn compile((ordinal, program): (u32, Program)) {
-    // Its calls (the module's load) must not be refused, nor invalidate a capture, while
+/// A compile thread: compiles and loads queued programs, keeping each outcome for the next
+/// call that asks, until none is left.
+fn work() {
+    // Its calls (the modules' loads) must not be refused, nor invalidate a capture, while
     // another thread captures a graph in the global mode.
     let _relaxed = stream::RelaxedCapture::new();
-    let run = std::panic::AssertUnwindSafe(|| shared::program(ordinal, &program));
-    let found = std::panic::catch_unwind(run).unwrap_or_else(|_| {
-        Err(crate::Error::invalid(
-            "internal: a background compile failed",
-        ))
-    });
-    let mut guard = crate::lock(&COMPILES);
-    let compiles = guard.get_or_insert_with(HashMap::new);
-    compiles.insert((ordinal, program), State::Done(found));
-    DONE.notify_all();
+    let me = std::process::id();
+    loop {
+        let key = {
+            let mut guard = compiles();
+            let c = guard.get_or_insert_with(Compiles::default);
+            let next = c
+                .states
+                .iter_mut()
+                .find(|(_, s)| matches!(s, State::Queued(pid) if *pid == me));
+            match next {
+                Some((key, state)) => {
+                    *state = State::Running(me);
+                    key.clone()
+                }
+                None => {
+                    c.threads -= 1;
+                    return;
+                }
+            }
+        };
+        let (ordinal, program) = &key;
+        let run = std::panic::AssertUnwindSafe(|| shared::program(*ordinal, program));
+        let found = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+            Err(crate::Error::invalid(
+                "internal: a background compile failed",
+            ))
+        });
+        let mut guard = compiles();
+        let c = guard.get_or_insert_with(Compiles::default);
+        c.states.insert(key, State::Done(found));
+        DONE.notify_all();
+    }
 }
 
 extern "C" fn wait_at_exit() {
     wait();
 }
 
-/// Waits until no background compile of this process runs (their kernels then load on the
-/// next call that needs them).
+/// Waits until no background compile of this process is queued or runs (their kernels then
+/// load on the next call that needs them).
 pub fn wait() {
-    let me = std::process::id();
-    let mut guard = crate::lock(&COMPILES);
-    let running = |c: &Option<Compiles>| {
-        let mut states = c.iter().flat_map(|c| c.values());
-        states.any(|s| matches!(s, State::Running(pid) if *pid == me))
-    };
-    while running(&guard) {
+    let mut guard = compiles();
+    let pending =
+        |c: &Option<Compiles>| c.iter().flat_map(|c| c.states.values()).any(State::pending);
+    while pending(&guard) {
         guard = DONE.wait(guard).unwrap_or_else(|e| e.into_inner());
     }
 }
