@@ -852,6 +852,26 @@ def test_a_first_transposed_call_does_not_wait_for_the_tiled_compile(tmp_path, m
     assert torch.equal(torch.from_dlpack(later), torch.from_dlpack(first))
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU here")
+def test_a_process_that_exits_during_a_background_compile_exits_cleanly(tmp_path):
+    """A new process whose one call is a transposed first call exits at once after it: the exit
+    waits for the tiled program compiling in the background (NVRTC must not be torn down under
+    it), so the process exits with 0 and the program is in the disk cache for the next one."""
+    child = f"""
+import torch, cubridge as cb
+k = cb.ElementwiseKernel("T x, T y", "T z", "z = x * 2 + y", "exiting_{os.getpid()}")
+x = torch.randn(300, 500, device="cuda").T
+y = torch.randn(500, 300, device="cuda")
+assert torch.equal(torch.from_dlpack(k(x, y)), x * 2 + y)
+assert not any("tiled" in n for n, _ in cb.cuda.loaded_programs())
+"""
+    env = dict(os.environ, CUBRIDGE_CACHE_DIR=str(tmp_path), CUDA_CACHE_PATH=str(tmp_path / "nv"))
+    run_child(child, env)
+    files = [f for f in tmp_path.iterdir() if f.suffix == ".bin"]
+    assert len(files) == 2, files  # the strided program and the tiled one
+
+
 # --- RawModule ---------------------------------------------------------------------------------
 
 MODULE = r"""
