@@ -8,10 +8,14 @@
 //! another's runtime (an extension module's), whose compiles that runtime does.
 //!
 //! Programs wait in a queue that at most [`THREADS`] threads work through, so that a burst of
-//! new signatures does not start an NVRTC (hundreds of megabytes) for each. A failed compile is run again on the next call that needs the program, where its
-//! error (NVRTC's log, the driver's code) reaches the caller as a compile on the call would.
-//! A process waits for its running compiles when it exits (an `atexit` handler, registered with
-//! the first compile): NVRTC must not be torn down under a compile.
+//! new signatures does not start an NVRTC (hundreds of megabytes) for each. A failed compile
+//! is run again on the next call that needs the program, where its error (NVRTC's log, the
+//! driver's code) reaches the caller as a compile on the call would.
+//! A process waits for its queued and running compiles when it exits (an `atexit` handler,
+//! registered once NVRTC is loaded and again after the first compile, so that it runs before
+//! NVRTC's own destructors): NVRTC must not be torn down under a compile. Where nothing can
+//! compile (NVRTC off or missing), a call loads its program or fails as it would have without
+//! this module.
 
 use super::kernels::{self, Program};
 use super::{nvrtc, shared, shipped, stream};
@@ -83,7 +87,10 @@ pub fn program(ordinal: u32, program: &Program) -> Result<Ready> {
         states.insert(key, State::Done(found.clone()));
         return found.map(Ready::Now);
     }
-    if shared::adopted().is_some() || loads_without_compile(ordinal, program) {
+    // Where nothing can compile (NVRTC off or missing) the call loads or fails as it would
+    // without a background: no later call should fail where this one ran.
+    let cannot_compile = || nvrtc::disabled() || nvrtc::ensure_loaded().is_err();
+    if shared::adopted().is_some() || loads_without_compile(ordinal, program) || cannot_compile() {
         return shared::program(ordinal, program).map(Ready::Now);
     }
     Ok(Ready::Later)
@@ -125,12 +132,10 @@ pub fn start(ordinal: u32, program: &Program) {
     }
     c.threads += 1;
     drop(guard);
+    // NVRTC is loaded ([`program`] made sure), so exit runs this handler before NVRTC's own
+    // destructors, which were registered when it loaded.
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
-    // SAFETY: registers a function that takes no arguments and returns; exit runs it before
-    // the destructors of libraries loaded earlier (NVRTC, the driver).
-    AT_EXIT.call_once(|| unsafe {
-        libc::atexit(wait_at_exit);
-    });
+    AT_EXIT.call_once(wait_at_exit_first);
     let spawned = std::thread::Builder::new()
         .name("cubridge-compile".into())
         .spawn(work);
@@ -185,11 +190,21 @@ fn work() {
         let c = guard.get_or_insert_with(Compiles::default);
         c.states.insert(key, State::Done(found));
         DONE.notify_all();
+        drop(guard);
+        // Again after a first compile, which may have loaded NVRTC's builtins library (and
+        // registered its destructors) after the first registration.
+        static AGAIN: std::sync::Once = std::sync::Once::new();
+        AGAIN.call_once(wait_at_exit_first);
     }
 }
 
-extern "C" fn wait_at_exit() {
-    wait();
+/// Registers [`wait`] to run when the process exits, before what was registered earlier.
+fn wait_at_exit_first() {
+    extern "C" fn wait_at_exit() {
+        wait();
+    }
+    // SAFETY: registers a function that takes no arguments and returns.
+    unsafe { libc::atexit(wait_at_exit) };
 }
 
 /// Waits until no background compile of this process is queued or runs (their kernels then

@@ -138,7 +138,7 @@ fn check_against_driver(driver: Option<(u32, u32)>) -> std::result::Result<(), S
 
 /// Whether run-time compilation is switched off (`CUBRIDGE_NVRTC=0`): then only kernels shipped
 /// in the build and those already in the disk cache run.
-fn disabled() -> bool {
+pub(crate) fn disabled() -> bool {
     static OFF: OnceLock<bool> = OnceLock::new();
     *OFF.get_or_init(|| std::env::var("CUBRIDGE_NVRTC").is_ok_and(|v| v == "0"))
 }
