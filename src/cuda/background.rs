@@ -18,7 +18,7 @@
 //! this module.
 
 use super::kernels::{self, Program};
-use super::{nvrtc, shared, shipped, stream};
+use super::{nvrtc, shared, stream};
 use crate::error::Result;
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
@@ -90,24 +90,13 @@ pub fn program(ordinal: u32, program: &Program) -> Result<Ready> {
     // Where nothing can compile (NVRTC off or missing) the call loads or fails as it would
     // without a background: no later call should fail where this one ran.
     let cannot_compile = || nvrtc::disabled() || nvrtc::ensure_loaded().is_err();
-    if shared::adopted().is_some() || loads_without_compile(ordinal, program) || cannot_compile() {
+    if shared::adopted().is_some()
+        || kernels::loads_without_compile(ordinal, program)
+        || cannot_compile()
+    {
         return shared::program(ordinal, program).map(Ready::Now);
     }
     Ok(Ready::Later)
-}
-
-/// Whether `program` loads on `ordinal` without NVRTC: loaded already, shipped for the
-/// device, or in the disk cache.
-fn loads_without_compile(ordinal: u32, program: &Program) -> bool {
-    if kernels::is_loaded(ordinal, program) {
-        return true;
-    }
-    let Ok(arch) = kernels::arch(ordinal) else {
-        return true; // the load reports it
-    };
-    let key = nvrtc::module_key(&program.source, &program.options, &[]);
-    shipped::find(&key, arch).is_some()
-        || nvrtc::entry_for(key, arch).is_some_and(|entry| entry.exists())
 }
 
 /// Queues the compile of `program` on device `ordinal`, unless it is queued, running or ended

@@ -95,7 +95,7 @@ pub struct Program {
 }
 
 /// The compute capability of `ordinal` as a number (9.0 → 90).
-pub(crate) fn arch(ordinal: u32) -> Result<u32> {
+fn arch(ordinal: u32) -> Result<u32> {
     use sys::CUdevice_attribute::*;
     let major = context::attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = context::attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -330,12 +330,21 @@ pub fn program(ordinal: u32, program: &Program) -> Result<&'static [usize]> {
         .or_insert(found))
 }
 
-/// Whether `program`'s functions on `ordinal` are loaded in this copy of cubridge.
-pub fn is_loaded(ordinal: u32, program: &Program) -> bool {
-    let guard = crate::lock(&SOURCES);
-    guard
+/// Whether `program` loads on `ordinal` without NVRTC: loaded already in this copy of
+/// cubridge, shipped for the device, or in the disk cache (where [`module`] looks).
+pub fn loads_without_compile(ordinal: u32, program: &Program) -> bool {
+    let loaded = crate::lock(&SOURCES)
         .as_ref()
-        .is_some_and(|c| c.contains_key(&(ordinal, program.clone())))
+        .is_some_and(|c| c.contains_key(&(ordinal, program.clone())));
+    if loaded {
+        return true;
+    }
+    let Ok(arch) = arch(ordinal) else {
+        return true; // the load reports it
+    };
+    let key = nvrtc::module_key(&program.source, &program.options, &[]);
+    super::shipped::find(&key, arch).is_some()
+        || nvrtc::entry_for(key, arch).is_some_and(|entry| entry.exists())
 }
 
 /// The modules loaded from source in this process, as (name, device) pairs: the elementwise
