@@ -209,6 +209,28 @@ def test_grids_too_large_say_so_and_name_the_limit():
         r(1, 2**40, ())
     with pytest.raises(ValueError, match="positive"):
         r(0, 32, ())
+    with pytest.raises(ValueError, match="positive"):
+        r(-(2**70), 32, ())
+    with pytest.raises(ValueError, match="too large"):
+        r([1, 2**70], 32, ())
+
+
+@pytest.mark.parametrize(
+    "grid, block, args, message",
+    [
+        (1.5, 32, (), "grid must be an int or a tuple"),
+        ("1", 32, (), "grid must be an int or a tuple"),
+        (1, (), (), "block must be an int or a tuple"),
+        (1, (1, 1, 1, 1), (), "block must be an int or a tuple"),
+        (1, (32, None), (), "block must be an int or a tuple"),
+        (1, 32, 5, "args must be a tuple or a list"),
+        (1, 32, iter(()), "args must be a tuple or a list"),
+    ],
+)
+def test_malformed_launches_are_refused_with_what_is_wrong(grid, block, args, message):
+    r = cb.RawKernel('extern "C" __global__ void f() {}', "f")
+    with pytest.raises(TypeError, match=message):
+        r(grid, block, args)
 
 
 def test_raw_kernel_options_as_documented():

@@ -37,12 +37,12 @@ pub fn kernel_device<'a>(
         Some((_, a)) => a.device(),
         None => crate::cuda::current_device()?,
     };
-    let runs_on = match device {
-        Device::Cuda(_) => device.to_string(),
-        _ => "a CUDA device".to_string(),
-    };
     for (k, a) in arrays {
         if a.device() != device || !matches!(a.device(), Device::Cuda(_)) {
+            let runs_on = match device {
+                Device::Cuda(_) => device.to_string(),
+                _ => "a CUDA device".to_string(),
+            };
             return Err(Error::invalid(format!(
                 "{kernel}: {} is on {}, but the kernel runs on {runs_on} ({kind} kernels run on \
                  one CUDA device)",

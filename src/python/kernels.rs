@@ -262,22 +262,39 @@ pub struct PyRawKernel {
     inner: RawKernel,
 }
 
-/// A grid or block: an int or a tuple of up to three, each at least 1 and at most what CUDA
-/// launches (`limits`: x, y, z).
+/// A grid or block: an int or a tuple (or list) of up to three, each at least 1 and at most
+/// what CUDA launches (`limits`: x, y, z). Read without raising: a launch reads two per call.
 fn dims(obj: &Bound<'_, PyAny>, what: &str, limits: [u32; 3]) -> PyResult<[u32; 3]> {
     let shape_error = || {
         PyErr::from(Error::wrong_type(format!(
             "{what} must be an int or a tuple of up to 3 ints"
         )))
     };
-    let values: Vec<i128> = if let Ok(v) = obj.extract::<i128>() {
-        vec![v]
+    let items: Vec<Bound<'_, PyAny>>;
+    let given: &[Bound<'_, PyAny>] = if let Ok(t) = obj.cast::<PyTuple>() {
+        items = t.iter().collect();
+        &items
+    } else if obj.is_instance_of::<PyList>() {
+        items = obj.cast::<PyList>()?.iter().collect();
+        &items
     } else {
-        obj.extract::<Vec<i128>>().map_err(|_| shape_error())?
+        std::slice::from_ref(obj)
     };
-    if values.is_empty() || values.len() > 3 {
+    if given.is_empty() || given.len() > 3 {
         return Err(shape_error());
     }
+    let mut values = [1i128; 3];
+    for (k, item) in given.iter().enumerate() {
+        values[k] = match item.extract::<i64>() {
+            Ok(v) => v.into(),
+            // An int too large for 64 bits: past every limit, whatever its sign.
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
+                item.extract::<i128>().unwrap_or(i128::MAX)
+            }
+            Err(_) => return Err(shape_error()),
+        };
+    }
+    let values = &values[..given.len()];
     let mut out = [1u32; 3];
     for (k, &v) in values.iter().enumerate() {
         if v < 1 {
@@ -353,10 +370,14 @@ impl PyRawKernel {
             dims(grid, "grid", GRID_LIMITS)?,
             dims(block, "block", BLOCK_LIMITS)?,
         );
-        if !(args.is_instance_of::<PyTuple>() || args.is_instance_of::<PyList>()) {
+        // Read in place: an iterator over them would ask for a length hint on every call.
+        let objs: Vec<Bound<'_, PyAny>> = if let Ok(t) = args.cast::<PyTuple>() {
+            t.iter().collect()
+        } else if let Ok(l) = args.cast::<PyList>() {
+            l.iter().collect()
+        } else {
             return Err(Error::wrong_type("args must be a tuple or a list").into());
-        }
-        let objs: Vec<Bound<'_, PyAny>> = args.try_iter()?.collect::<PyResult<_>>()?;
+        };
         for o in &objs {
             if super::import::python_scalar(o)?.is_some() {
                 return Err(Error::wrong_type(format!(
