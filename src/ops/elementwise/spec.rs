@@ -64,6 +64,9 @@ pub struct Spec {
     pub header: &'static str,
     /// NVRTC options beyond the architecture (none for users' kernels).
     pub options: &'static [&'static str],
+    /// Per parameter (inputs, then outputs) of a type name: the first parameter of that name,
+    /// where each call's binding of the name is kept (`None` for a fixed dtype).
+    type_slots: Vec<Option<usize>>,
 }
 
 /// Names the generated code itself uses: a parameter or type may not take them.
@@ -173,8 +176,20 @@ impl Spec {
                 }
             }
         }
+        let first_of = |t: &String| {
+            all.iter()
+                .position(|q| matches!(&q.ty, Type::Generic(n) if n == t))
+        };
+        let type_slots = all
+            .iter()
+            .map(|p| match &p.ty {
+                Type::Generic(t) => first_of(t),
+                Type::Fixed(_) => None,
+            })
+            .collect();
         // A generic output type must be bound by an input, or by the output array itself.
         Ok(Spec {
+            type_slots,
             inputs,
             outputs,
             operation: operation.to_string(),
@@ -238,45 +253,44 @@ impl Spec {
         if let Rule::Promote(op) = self.rule {
             return self.promote(op, given);
         }
-        // Few type names per kernel: a short list, searched in place.
-        let mut bound: Vec<(&str, DType)> = Vec::new();
-        for (p, d) in self.params().zip(given) {
-            let (Type::Generic(t), Some(d)) = (&p.ty, d) else {
+        // Each type name's dtype, kept at its first parameter's slot: no names compared, and
+        // nothing allocated for the few parameters of nearly every kernel.
+        let n = given.len();
+        let slot = |k: usize| self.type_slots.get(k).copied().flatten();
+        let mut bound: Dims<Option<DType>> = Dims::from_fn(n, |_| None);
+        for (k, p) in self.params().enumerate() {
+            let (Some(s), Some(d)) = (slot(k), given.get(k).copied().flatten()) else {
                 continue;
             };
-            match bound.iter().find(|(n, _)| n == t) {
-                Some((_, b)) if b != d => {
+            match bound[s] {
+                Some(b) if b != d => {
                     return Err(Error::DTypeMismatch {
                         op: "an elementwise kernel (one type name, two dtypes)",
-                        left: format!("{t} = {b}"),
+                        left: format!("{} = {b}", type_name(p)),
                         right: format!("{} ({d})", p.name),
                     })
                 }
                 Some(_) => {}
-                None => bound.push((t, *d)),
+                None => bound[s] = Some(d),
             }
         }
-        for (p, d) in self.params().zip(python) {
-            if let (Type::Generic(t), Some(d)) = (&p.ty, d) {
-                if !bound.iter().any(|(n, _)| n == t) {
-                    bound.push((t, *d));
+        for k in 0..n {
+            if let (Some(s), Some(d)) = (slot(k), python.get(k).copied().flatten()) {
+                bound[s].get_or_insert(d);
+            }
+        }
+        let mut dtypes: Dims<DType> = Dims::from_fn(n, |_| DType::default());
+        for ((k, p), d) in self.params().enumerate().zip(given) {
+            let want = match (&p.ty, slot(k).and_then(|s| bound[s])) {
+                (Type::Fixed(f), _) => *f,
+                (Type::Generic(_), Some(b)) => b,
+                (Type::Generic(t), None) => {
+                    return Err(Error::invalid(format!(
+                        "cannot tell which dtype {t} is for {}: no array passed binds it; \
+                         pass an array for an input of type {t}, or the output",
+                        p.name
+                    )))
                 }
-            }
-        }
-        let mut dtypes = Vec::with_capacity(given.len());
-        for (p, d) in self.params().zip(given) {
-            let want = match &p.ty {
-                Type::Fixed(f) => *f,
-                Type::Generic(t) => match bound.iter().find(|(n, _)| n == t) {
-                    Some((_, b)) => *b,
-                    None => {
-                        return Err(Error::invalid(format!(
-                            "cannot tell which dtype {t} is for {}: no array passed binds it; \
-                             pass an array for an input of type {t}, or the output",
-                            p.name
-                        )))
-                    }
-                },
             };
             if let Some(d) = d {
                 if *d != want {
@@ -287,9 +301,9 @@ impl Spec {
                     });
                 }
             }
-            dtypes.push(want);
+            dtypes[k] = want;
         }
-        Ok(Dims::from_vec(dtypes))
+        Ok(dtypes)
     }
 
     /// [`Rule::Promote`]: each input array's own dtype, and the promotion of them all for every
@@ -303,6 +317,14 @@ impl Spec {
         let promoted = arrays.try_fold(*first, |p, &d| DType::promote(p, d, op))?;
         let own = |k: usize| given[k].filter(|_| k < nin).unwrap_or(promoted);
         Ok(Dims::from_fn(given.len(), own))
+    }
+}
+
+/// The type name of a parameter declared with one (empty for a fixed dtype).
+fn type_name(p: &Declared) -> &str {
+    match &p.ty {
+        Type::Generic(t) => t,
+        Type::Fixed(_) => "",
     }
 }
 
