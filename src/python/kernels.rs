@@ -285,12 +285,10 @@ fn dims(obj: &Bound<'_, PyAny>, what: &str, limits: [u32; 3]) -> PyResult<[u32; 
     }
     let mut values = [1i128; 3];
     for (k, item) in given.iter().enumerate() {
-        values[k] = match item.extract::<i64>() {
-            Ok(v) => v.into(),
-            // An int too large for 64 bits: past every limit, whatever its sign.
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
-                item.extract::<i128>().unwrap_or(i128::MAX)
-            }
+        values[k] = match super::import::int_value(item) {
+            Ok(v) => v,
+            // An int past 128 bits: past every limit, whatever its sign.
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => i128::MAX,
             Err(_) => return Err(shape_error()),
         };
     }

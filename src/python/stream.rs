@@ -4,6 +4,7 @@
 
 use crate::cuda::stream::{self as cs, Stream, LEGACY};
 use crate::error::Error;
+use crate::python::import::int_value;
 use dlpark::ffi::{DLDevice, DLDeviceType};
 use dlpark::python::consumer::stream as dlstream;
 use dlpark::python::{DlpackStream, StreamArg};
@@ -23,26 +24,31 @@ pub fn parse(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stream>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
-    if let Ok(v) = obj.extract::<i128>() {
-        return Ok(Some(Stream::from_dlpack(v)?));
+    if obj.is_instance_of::<pyo3::types::PyInt>() {
+        return Ok(Some(Stream::from_dlpack(int_value(obj)?)?));
     }
-    if let Ok(proto) = obj.getattr("__cuda_stream__") {
+    let py = obj.py();
+    if let Ok(proto) = obj.getattr(pyo3::intern!(py, "__cuda_stream__")) {
         let value = if proto.is_callable() {
             proto.call0()?
         } else {
             proto
         };
         // The protocol returns (version, handle).
-        let handle: i128 = match value.extract::<(i64, i128)>() {
-            Ok((_, h)) => h,
-            Err(_) => value.extract()?,
+        let handle = match value.cast::<pyo3::types::PyTuple>() {
+            Ok(t) if t.len() == 2 => int_value(&t.get_item(1)?)?,
+            _ => int_value(&value)?,
         };
         return Ok(Some(object_handle(handle)?));
     }
-    for attr in ["cuda_stream", "ptr"] {
-        if let Ok(h) = obj.getattr(attr).and_then(|h| h.extract::<i128>()) {
+    for attr in [pyo3::intern!(py, "cuda_stream"), pyo3::intern!(py, "ptr")] {
+        if let Ok(h) = obj.getattr(attr).and_then(|h| int_value(&h)) {
             return Ok(Some(object_handle(h)?));
         }
+    }
+    // Anything else that is an integer (numpy's ints).
+    if let Ok(v) = int_value(obj) {
+        return Ok(Some(Stream::from_dlpack(v)?));
     }
     Err(Error::invalid(format!(
         "stream must be an int, a torch.cuda.Stream, a cupy.cuda.Stream or an object with \
