@@ -86,15 +86,36 @@ pub fn exchanged(
 }
 
 /// The current stream of `obj`'s producer where cubridge knows how to ask for it without the
-/// exchange table: CuPy's (`cupy.cuda.get_current_stream().ptr`). A kernel on
-/// that stream needs no event from the producer's export, which orders its work before the
-/// stream it is handed only when that is another stream.
+/// exchange table: CuPy's (`cupy.cuda.get_current_stream().ptr`, read through CuPy's own C
+/// function where it exports one). A kernel on that stream needs no event from the producer's
+/// export, which orders its work before the stream it is handed only when that is another
+/// stream.
 pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
     if !type_facts(obj).cupy {
         return None;
     }
-    static GET: pyo3::sync::PyOnceLock<Option<Py<PyAny>>> = pyo3::sync::PyOnceLock::new();
     let py = obj.py();
+    let ptr = match cupy_stream_function(py) {
+        Some(get) => {
+            // SAFETY: CuPy's `intptr_t get_current_stream_ptr(void)` (its signature checked by
+            // the capsule's name), called with the GIL held, as CuPy's own kernels call it. It
+            // returns -1 with an exception set when it fails (Cython's `except? -1`).
+            let ptr = unsafe { get() };
+            if ptr == -1 && PyErr::take(py).is_some() {
+                return None;
+            }
+            usize::try_from(ptr).ok()?
+        }
+        None => cupy_stream_from_python(py)?,
+    };
+    // The NULL stream (0) is the legacy default stream; 1 and 2 name the legacy and per-thread
+    // default streams, as in DLPack.
+    Some(Stream::from_handle(ptr))
+}
+
+/// CuPy's current stream through Python: `cupy.cuda.get_current_stream().ptr`.
+fn cupy_stream_from_python(py: Python<'_>) -> Option<usize> {
+    static GET: pyo3::sync::PyOnceLock<Option<Py<PyAny>>> = pyo3::sync::PyOnceLock::new();
     let get = GET.get_or_init(py, || {
         py.import("cupy.cuda")
             .and_then(|m| m.getattr("get_current_stream"))
@@ -102,14 +123,31 @@ pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
             .map(Bound::unbind)
     });
     let current = get.as_ref()?.bind(py).call0().ok()?;
-    let ptr: usize = current
+    current
         .getattr(pyo3::intern!(py, "ptr"))
         .ok()?
         .extract()
-        .ok()?;
-    // The NULL stream (0) is the legacy default stream; 1 and 2 name the legacy and per-thread
-    // default streams, as in DLPack.
-    Some(Stream::from_handle(ptr))
+        .ok()
+}
+
+/// CuPy's C function for its current stream, `cupy.cuda.stream.get_current_stream_ptr`, which
+/// Cython exports in the module's `__pyx_capi__` under its C signature; `None` where the
+/// module has no such function of that signature (then Python is asked).
+fn cupy_stream_function(py: Python<'_>) -> Option<unsafe extern "C" fn() -> isize> {
+    static FUNCTION: pyo3::sync::PyOnceLock<Option<usize>> = pyo3::sync::PyOnceLock::new();
+    let address = FUNCTION.get_or_init(py, || {
+        let capsule = py
+            .import("cupy.cuda.stream")
+            .and_then(|m| m.getattr("__pyx_capi__"))
+            .and_then(|capi| capi.get_item("get_current_stream_ptr"))
+            .ok()?;
+        let capsule = capsule.cast::<pyo3::types::PyCapsule>().ok()?;
+        let pointer = capsule.pointer_checked(Some(c"intptr_t (void)")).ok()?;
+        Some(pointer.as_ptr() as usize)
+    });
+    // SAFETY: the address is that of a C function `intptr_t (void)`, as its capsule's name
+    // declares; CuPy's module stays loaded for the rest of the process once imported.
+    address.map(|a| unsafe { std::mem::transmute::<usize, unsafe extern "C" fn() -> isize>(a) })
 }
 
 /// What `obj`'s type publishes of a DLPack C exchange table.
