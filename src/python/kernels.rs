@@ -285,7 +285,7 @@ fn dims(obj: &Bound<'_, PyAny>, what: &str, limits: [u32; 3]) -> PyResult<[u32; 
     }
     let mut values = [1i128; 3];
     for (k, item) in given.iter().enumerate() {
-        values[k] = match super::import::int_value(item) {
+        values[k] = match super::int_value(item) {
             Ok(v) => v,
             // An int past 128 bits: past every limit, whatever its sign.
             Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => i128::MAX,

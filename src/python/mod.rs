@@ -77,6 +77,19 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
+/// The value of an int (or an object with `__index__`), read through 64 bits where it fits: the
+/// limited API converts wider ints through Python calls, thousands of instructions, and the
+/// ints of calls (scalars, streams, grids) nearly always fit. OverflowError past `i128`.
+pub fn int_value(obj: &Bound<'_, PyAny>) -> PyResult<i128> {
+    match obj.extract::<i64>() {
+        Ok(v) => Ok(v.into()),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
+            obj.extract::<i128>()
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// A Python object whose memory views hold it (a CUDA array interface's exporter, a tensor lent
 /// through the DLPack exchange table). Its reference is dropped with the interpreter attached,
 /// whatever thread drops the last view (the releaser of queued kernels' buffers has none), so

@@ -4,7 +4,7 @@
 
 use crate::cuda::stream::{self as cs, Stream, LEGACY};
 use crate::error::Error;
-use crate::python::import::int_value;
+use crate::python::int_value;
 use dlpark::ffi::{DLDevice, DLDeviceType};
 use dlpark::python::consumer::stream as dlstream;
 use dlpark::python::{DlpackStream, StreamArg};

@@ -120,7 +120,7 @@ fn producer_stream(d: &Bound<'_, PyDict>) -> PyResult<Option<cs::Stream>> {
     let Some(s) = get(d, "stream")? else {
         return Ok(None);
     };
-    let v = super::int_value(&s).map_err(|_| bad("'stream' must be an int or None"))?;
+    let v = crate::python::int_value(&s).map_err(|_| bad("'stream' must be an int or None"))?;
     if v == 0 {
         return Err(bad("stream 0 is disallowed by version 3 of the interface"));
     }

@@ -24,7 +24,7 @@ use dlpack::{forget_type, import_dlpack, type_facts, TypeFacts};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 pub use values::{
-    default_dtype, from_sequence, from_values, infer_dtype, int_value, is_sequence, numpy_default,
+    default_dtype, from_sequence, from_values, infer_dtype, is_sequence, numpy_default,
     python_scalar, typed_numpy_scalar, widest,
 };
 

@@ -23,7 +23,7 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
     if obj.is_instance_of::<PyInt>() {
         // Any int: floating dtypes take large ones; the dtype it meets checks its range
         // (ops::create::check_value_kind).
-        return Ok(Some(match int_value(obj) {
+        return Ok(Some(match crate::python::int_value(obj) {
             Ok(v) => Scalar::Int(v),
             Err(_) => Scalar::Wide(wide_int(obj)?),
         }));
@@ -37,19 +37,6 @@ pub fn python_scalar(obj: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
         return Ok(Some(Scalar::Complex(c.real(), c.imag())));
     }
     Ok(None)
-}
-
-/// The value of an int (or an object with `__index__`), read through 64 bits where it fits: the
-/// limited API converts wider ints through Python calls, thousands of instructions, and the
-/// ints of calls (scalars, streams, grids) nearly always fit. OverflowError past `i128`.
-pub fn int_value(obj: &Bound<'_, PyAny>) -> PyResult<i128> {
-    match obj.extract::<i64>() {
-        Ok(v) => Ok(v.into()),
-        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
-            obj.extract::<i128>()
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// A Python int beyond `i128` as its leading 64 bits (the lowest one sticky) and their shift.
