@@ -455,3 +455,29 @@ def test_mixed_dtype_table_against_numpy():
             assert da in str(e) and db in str(e)
             continue
         check(r, a + b)
+
+
+def test_stream_arguments_are_read_or_refused_before_anything_runs():
+    """stream= is read first, from an int, `__cuda_stream__`, `cuda_stream` or `ptr`: a handle
+    that parses reaches the host-memory check; one that cannot be a handle is refused by name."""
+
+    class Protocol:
+        def __init__(self, value):
+            self.value = value
+
+        def __cuda_stream__(self):
+            return self.value
+
+    class Ptr:
+        ptr = 7
+
+    a = np.ones(4, np.float32)
+    for stream in (7, np.int64(7), Protocol((0, 7)), Ptr()):
+        with pytest.raises(ValueError, match="orders CUDA work"):
+            cb.add(a, a, stream=stream)
+    with pytest.raises(ValueError, match="no stream handle"):
+        cb.add(a, a, stream=2**200)
+    with pytest.raises(ValueError, match="stream must be"):
+        cb.add(a, a, stream="fast")
+    with pytest.raises(TypeError):
+        cb.add(a, a, stream=Protocol(("a", 7)))

@@ -213,6 +213,15 @@ def test_grids_too_large_say_so_and_name_the_limit():
         r(-(2**70), 32, ())
     with pytest.raises(ValueError, match="too large"):
         r([1, 2**70], 32, ())
+    with pytest.raises(ValueError, match=r"grid -\d+ must be positive"):
+        r(-(2**200), 32, ())
+    with pytest.raises(ValueError, match=r"block \(1, \d+\) is too large"):
+        r(1, (1, 2**200), ())
+    # Any sequence of ints, as before: numpy arrays and ranges too.
+    with pytest.raises(ValueError, match=r"grid \[4, 0\] must be positive"):
+        r(np.array([4, 0]), 32, ())
+    with pytest.raises(ValueError, match=r"block \[0\] must be positive"):
+        r(1, range(0, 1), ())
 
 
 @pytest.mark.parametrize(
@@ -225,6 +234,7 @@ def test_grids_too_large_say_so_and_name_the_limit():
         (1, (32, None), (), "block must be an int or a tuple"),
         (1, 32, 5, "args must be a tuple or a list"),
         (1, 32, iter(()), "args must be a tuple or a list"),
+        (1, range(5), (), "block must be an int or a tuple"),
     ],
 )
 def test_malformed_launches_are_refused_with_what_is_wrong(grid, block, args, message):

@@ -175,7 +175,7 @@ impl RawKernel {
 /// The kernel's parameters: each array's data pointer, each value's bytes in its dtype.
 fn raw_params(args: &[Arg]) -> Result<Params> {
     // A slot (16 bytes) each fits a pointer and every scalar: one allocation per list.
-    let mut params = Params::with_capacity(args.len(), 16 * args.len());
+    let mut params = Params::with_capacity(args.len(), 0);
     for arg in args {
         match arg {
             Arg::Array(a) => params.push(a.data_ptr()),

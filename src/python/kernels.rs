@@ -262,22 +262,37 @@ pub struct PyRawKernel {
     inner: RawKernel,
 }
 
-/// A grid or block: an int or a tuple (or list) of up to three, each at least 1 and at most
-/// what CUDA launches (`limits`: x, y, z). Read without raising: a launch reads two per call.
+/// A grid or block: an int or a sequence (a tuple, a list, a numpy array) of up to three, each
+/// at least 1 and at most what CUDA launches (`limits`: x, y, z). Tuples, lists and ints are
+/// read without raising: a launch reads two per call.
 fn dims(obj: &Bound<'_, PyAny>, what: &str, limits: [u32; 3]) -> PyResult<[u32; 3]> {
     let shape_error = || {
         PyErr::from(Error::wrong_type(format!(
             "{what} must be an int or a tuple of up to 3 ints"
         )))
     };
+    let not_positive =
+        |text: &str| PyErr::from(Error::invalid(format!("{what} {text} must be positive")));
+    let too_large = |text: &str| {
+        PyErr::from(Error::invalid(format!(
+            "{what} {text} is too large: CUDA takes at most {} in x, {} in y and {} in z",
+            limits[0], limits[1], limits[2]
+        )))
+    };
     let items: Vec<Bound<'_, PyAny>>;
     let given: &[Bound<'_, PyAny>] = if let Ok(t) = obj.cast::<PyTuple>() {
         items = t.iter().collect();
         &items
-    } else if obj.is_instance_of::<PyList>() {
-        items = obj.cast::<PyList>()?.iter().collect();
+    } else if let Ok(l) = obj.cast::<PyList>() {
+        items = l.iter().collect();
+        &items
+    } else if obj.is_instance_of::<pyo3::types::PyInt>() {
+        std::slice::from_ref(obj)
+    } else if let Ok(sequence) = obj.extract::<Vec<Bound<'_, PyAny>>>() {
+        items = sequence;
         &items
     } else {
+        // Anything else that is an integer (numpy's ints).
         std::slice::from_ref(obj)
     };
     if given.is_empty() || given.len() > 3 {
@@ -287,8 +302,14 @@ fn dims(obj: &Bound<'_, PyAny>, what: &str, limits: [u32; 3]) -> PyResult<[u32; 
     for (k, item) in given.iter().enumerate() {
         values[k] = match super::int_value(item) {
             Ok(v) => v,
-            // An int past 128 bits: past every limit, whatever its sign.
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => i128::MAX,
+            // An int past 128 bits: past every limit on one side or the other.
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
+                let text = obj.repr()?.to_string();
+                return Err(match item.lt(0) {
+                    Ok(true) => not_positive(&text),
+                    _ => too_large(&text),
+                });
+            }
             Err(_) => return Err(shape_error()),
         };
     }
@@ -296,18 +317,12 @@ fn dims(obj: &Bound<'_, PyAny>, what: &str, limits: [u32; 3]) -> PyResult<[u32; 
     let mut out = [1u32; 3];
     for (k, &v) in values.iter().enumerate() {
         if v < 1 {
-            return Err(Error::invalid(format!("{what} {values:?} must be positive")).into());
+            return Err(not_positive(&format!("{values:?}")));
         }
         out[k] = u32::try_from(v)
             .ok()
             .filter(|&v| v <= limits[k])
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "{what} {values:?} is too large: CUDA takes at most {} in x, {} in y and {} \
-                     in z",
-                    limits[0], limits[1], limits[2]
-                ))
-            })?;
+            .ok_or_else(|| too_large(&format!("{values:?}")))?;
     }
     Ok(out)
 }

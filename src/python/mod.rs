@@ -77,9 +77,10 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The value of an int (or an object with `__index__`), read through 64 bits where it fits: the
-/// limited API converts wider ints through Python calls, thousands of instructions, and the
-/// ints of calls (scalars, streams, grids) nearly always fit. OverflowError past `i128`.
+/// The value of an int (or of an object with `__index__` that fits 64 bits), read through 64
+/// bits where it fits: the limited API converts wider ints through Python calls, thousands of
+/// instructions, and the ints of calls (scalars, streams, grids) nearly always fit. An int past
+/// `i128` raises OverflowError.
 pub fn int_value(obj: &Bound<'_, PyAny>) -> PyResult<i128> {
     match obj.extract::<i64>() {
         Ok(v) => Ok(v.into()),

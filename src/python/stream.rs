@@ -24,8 +24,11 @@ pub fn parse(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stream>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
+    let out_of_range = |_| Error::invalid(format!("stream {obj} is no stream handle"));
     if obj.is_instance_of::<pyo3::types::PyInt>() {
-        return Ok(Some(Stream::from_dlpack(int_value(obj)?)?));
+        return Ok(Some(Stream::from_dlpack(
+            int_value(obj).map_err(out_of_range)?,
+        )?));
     }
     let py = obj.py();
     if let Ok(proto) = obj.getattr(pyo3::intern!(py, "__cuda_stream__")) {
@@ -36,7 +39,9 @@ pub fn parse(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stream>> {
         };
         // The protocol returns (version, handle).
         let handle = match value.cast::<pyo3::types::PyTuple>() {
-            Ok(t) if t.len() == 2 => int_value(&t.get_item(1)?)?,
+            Ok(t) if t.len() == 2 && int_value(&t.get_item(0)?).is_ok() => {
+                int_value(&t.get_item(1)?)?
+            }
             _ => int_value(&value)?,
         };
         return Ok(Some(object_handle(handle)?));

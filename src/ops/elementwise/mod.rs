@@ -54,6 +54,8 @@ pub struct ElementwiseKernel {
     reads: Vec<bool>,
     /// Whether the operation reads its index `i` (the loop then keeps C order).
     indexed: bool,
+    /// The declaration's [`Spec::type_slots`], which every call binds by.
+    type_slots: Vec<Option<usize>>,
     /// The kernels loaded per device and signature, each compiled when a call first needs it.
     loaded: Mutex<HashMap<(u32, Signature), Slots>>,
     /// The signature of the last call and its kernels: a repeated call finds them without
@@ -72,6 +74,7 @@ impl ElementwiseKernel {
         ElementwiseKernel {
             indexed: spec::uses_index(&spec.operation),
             raw: spec.params().map(|p| p.raw).collect(),
+            type_slots: spec.type_slots(),
             spec,
             reads,
             loaded: Mutex::new(HashMap::new()),
@@ -227,7 +230,7 @@ impl ElementwiseKernel {
             call.roles[nin + j] = call.output_role(j);
             given[nin + j] = out.as_ref().map(|o| o.dtype());
         }
-        call.dtypes = spec.bind(&given, &scalars)?;
+        call.dtypes = spec.bind_slots(&self.type_slots, &given, &scalars)?;
         for (k, arg) in inputs.iter().enumerate() {
             if let Arg::Value(v, _) = arg {
                 crate::ops::create::check_value_kind(*v, call.dtypes[k], spec.op())?;

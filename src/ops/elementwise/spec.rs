@@ -64,9 +64,6 @@ pub struct Spec {
     pub header: &'static str,
     /// NVRTC options beyond the architecture (none for users' kernels).
     pub options: &'static [&'static str],
-    /// Per parameter (inputs, then outputs) of a type name: the first parameter of that name,
-    /// where each call's binding of the name is kept (`None` for a fixed dtype).
-    type_slots: Vec<Option<usize>>,
 }
 
 /// Names the generated code itself uses: a parameter or type may not take them.
@@ -176,20 +173,8 @@ impl Spec {
                 }
             }
         }
-        let first_of = |t: &String| {
-            all.iter()
-                .position(|q| matches!(&q.ty, Type::Generic(n) if n == t))
-        };
-        let type_slots = all
-            .iter()
-            .map(|p| match &p.ty {
-                Type::Generic(t) => first_of(t),
-                Type::Fixed(_) => None,
-            })
-            .collect();
         // A generic output type must be bound by an input, or by the output array itself.
         Ok(Spec {
-            type_slots,
             inputs,
             outputs,
             operation: operation.to_string(),
@@ -250,13 +235,38 @@ impl Spec {
     /// scalars meet takes their default; an array must have its parameter's dtype exactly (no
     /// silent casts).
     pub fn bind(&self, given: &[Option<DType>], python: &[Option<DType>]) -> Result<Dims<DType>> {
+        self.bind_slots(&self.type_slots(), given, python)
+    }
+
+    /// Per parameter (inputs, then outputs) of a type name, the first parameter of that name
+    /// (where a call's binding of the name is kept); `None` for a fixed dtype.
+    pub fn type_slots(&self) -> Vec<Option<usize>> {
+        let first_of = |t: &String| {
+            self.params()
+                .position(|q| matches!(&q.ty, Type::Generic(n) if n == t))
+        };
+        self.params()
+            .map(|p| match &p.ty {
+                Type::Generic(t) => first_of(t),
+                Type::Fixed(_) => None,
+            })
+            .collect()
+    }
+
+    /// [`Spec::bind`] with this declaration's [`Spec::type_slots`], found once by the caller
+    /// (a kernel binds on every call): no type names compared, and nothing allocated for the few
+    /// parameters of nearly every kernel.
+    pub(crate) fn bind_slots(
+        &self,
+        slots: &[Option<usize>],
+        given: &[Option<DType>],
+        python: &[Option<DType>],
+    ) -> Result<Dims<DType>> {
         if let Rule::Promote(op) = self.rule {
             return self.promote(op, given);
         }
-        // Each type name's dtype, kept at its first parameter's slot: no names compared, and
-        // nothing allocated for the few parameters of nearly every kernel.
         let n = given.len();
-        let slot = |k: usize| self.type_slots.get(k).copied().flatten();
+        let slot = |k: usize| slots.get(k).copied().flatten().filter(|&s| s < n);
         let mut bound: Dims<Option<DType>> = Dims::from_fn(n, |_| None);
         for (k, p) in self.params().enumerate() {
             let (Some(s), Some(d)) = (slot(k), given.get(k).copied().flatten()) else {
