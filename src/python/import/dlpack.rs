@@ -98,8 +98,9 @@ pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
     let ptr = match cupy_stream_function(py) {
         Some(get) => {
             // SAFETY: CuPy's `intptr_t get_current_stream_ptr(void)` (its signature checked by
-            // the capsule's name), called with the GIL held, as CuPy's own kernels call it. It
-            // returns -1 with an exception set when it fails (Cython's `except? -1`).
+            // the capsule's name), called with the GIL held, as CuPy's own kernels call it. Built
+            // with Cython 3 it returns -1 with an exception set when it fails (`except? -1`);
+            // older builds print the error and return 0, the legacy default stream.
             let ptr = unsafe { get() };
             if ptr == -1 && PyErr::take(py).is_some() {
                 return None;
