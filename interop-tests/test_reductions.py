@@ -415,6 +415,35 @@ def test_the_same_input_gives_the_same_bits_on_any_run_stream_or_alignment(shape
 
 @pytest.mark.cuda
 @cuda
+def test_calls_that_differ_only_in_layout_alignment_or_out_are_planned_each_as_its_own():
+    # A call that walks what the last one walked reuses its plan: each call here differs from
+    # the one before in one thing only (strides, alignment, axes, the output's strides), twice
+    # round, so that a plan kept past what it was made for gives a wrong result.
+    x = sample((64, 256), "float32", 17)
+    whole = _t(x)
+    buf = torch.from_numpy(np.concatenate([[0], x.ravel()]).astype(np.float32)).cuda()
+    shifted = buf[1:].view(64, 256)  # the same values, off the 16-byte packs
+    views = [
+        (whole, x, 1),
+        (whole.t(), x.T, 1),
+        (shifted, x, 1),
+        (whole[:, ::2], x[:, ::2], 1),
+        (whole, x, 0),
+        (whole[:, ::2], x[:, ::2], 0),
+    ]
+    for _ in range(2):
+        for t, h, axis in views:
+            check("sum", cb.sum(t, axis=axis), reference("sum", h, axis, False), h, axis)
+    # The same input into outputs of other strides.
+    wide = torch.zeros(64, 2, device="cuda")
+    for _ in range(2):
+        for out in (torch.zeros(64, device="cuda"), wide[:, 0]):
+            cb.sum(whole, axis=1, out=out)
+            check("sum", out.cpu().numpy(), reference("sum", x, 1, False), x, 1)
+
+
+@pytest.mark.cuda
+@cuda
 def test_runs_on_the_current_torch_stream_after_its_writes():
     side = torch.cuda.Stream()
     cycles = int(0.05 * torch.cuda.get_device_properties(0).clock_rate * 1000)

@@ -1,4 +1,4 @@
-"""cubridge's host path of a CUDA `add` and of users' kernels, timed on a machine without a GPU
+"""cubridge's host path of a CUDA `add`, a `sum` and users' kernels, timed on a machine without a GPU
 against the do-nothing driver in stub_driver.c (see there how to build it): what a call costs
 the calling thread in cubridge, pyo3 and Python when the driver's calls cost nothing. It
 separates cubridge's own per-call work from the driver's and the GPU's, which vary by 20%
@@ -67,6 +67,8 @@ def main():
     axpy = cb.ElementwiseKernel("T a, T x, T y", "T z", "z = a * x + y", "host_path_axpy")
     raw = cb.RawKernel(RAW_AXPY, "host_path_axpy")
     raw_args = (a, x, y, z, numpy.int32(n))
+    s = cb.zeros((), device="cuda")
+    sumsq = cb.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "host_path_sumsq")
     cases = {
         "add(x, y, out=z)": lambda: cb.add(x, y, out=z),
         "add(x, y)": lambda: cb.add(x, y),
@@ -76,6 +78,9 @@ def main():
         "ElementwiseKernel(a, x, y, z)": lambda: axpy(a, x, y, z),
         "ElementwiseKernel(a, x, y)": lambda: axpy(a, x, y),
         "RawKernel((4,), (256,), args)": lambda: raw((4,), (256,), raw_args),
+        "sum(x)": lambda: cb.sum(x),
+        "sum(x, out=s)": lambda: cb.sum(x, out=s),
+        "ReductionKernel(x)": lambda: sumsq(x),
     }
     args = [a for a in sys.argv[1:] if a != "--driver-calls"]
     measure = driver_calls if "--driver-calls" in sys.argv else time_call

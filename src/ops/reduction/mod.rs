@@ -25,11 +25,11 @@ use crate::ops::elementwise::ElementwiseKernel;
 use crate::ops::launch::Launch;
 use crate::ops::plan::Operand;
 use crate::ops::Arg;
-use plan::{ReductionPlan, Walk};
+use plan::{ReductionPlan, Walk, Walked};
 use source::Variant;
 use spec::ReductionSpec;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Bytes a partial result may take (`static_assert`ed by the generated code).
 const PARTIAL_BYTES: usize = 32;
@@ -39,8 +39,22 @@ pub struct ReductionKernel {
     spec: ReductionSpec,
     /// Binds a call's arguments to the parameters, by the elementwise engine's rules.
     binder: ElementwiseKernel,
+    /// Whether the map expression reads `_J` (the reduced dimensions then keep C order).
+    indexed: bool,
     /// The loaded pass and fold kernels per device, signature and variant.
     loaded: Mutex<HashMap<(u32, Signature, Variant), [usize; 2]>>,
+    /// The last call's plan and kernels: a repeated call finds them without planning again or
+    /// building a key.
+    last: Mutex<Option<Last>>,
+}
+
+/// A call's plan and kernels with what they were made from.
+struct Last {
+    ordinal: u32,
+    sig: Signature,
+    walked: Walked,
+    plan: Arc<ReductionPlan>,
+    functions: [usize; 2],
 }
 
 /// A call's parameters bound: each one's dtype and role (inputs, then outputs).
@@ -64,8 +78,10 @@ impl ReductionKernel {
     pub fn new(spec: ReductionSpec) -> ReductionKernel {
         ReductionKernel {
             binder: ElementwiseKernel::new(spec.spec.clone()),
+            indexed: spec.uses_index(),
             spec,
             loaded: Mutex::new(HashMap::new()),
+            last: Mutex::new(None),
         }
     }
 
@@ -142,16 +158,7 @@ impl ReductionKernel {
         let wide: Vec<Array> = (shapes.elements.iter())
             .map(|a| a.broadcast_to(&shapes.shape))
             .collect::<Result<_>>()?;
-        let plan = self.plan(bound, outputs, &shapes, &wide, launch.ordinal())?;
-        let sig = Signature {
-            dtypes: bound.dtypes.clone(),
-            roles: bound.roles.clone(),
-        };
-        let variant = Variant {
-            group: plan.group,
-            vector: plan.vector,
-        };
-        let functions = self.functions(launch.ordinal(), sig, variant)?;
+        let (plan, functions) = self.planned(bound, outputs, &shapes, &wide, launch.ordinal())?;
         let outs: Vec<Array> = (nin..bound.roles.len())
             .map(allocate)
             .collect::<Result<_>>()?;
@@ -184,16 +191,18 @@ impl ReductionKernel {
         Ok(outs)
     }
 
-    /// The plan of a call: `wide`, the element inputs broadcast to the input shape, and the
-    /// element outputs (passed, or new and contiguous) over the kept axes, on device `ordinal`.
-    fn plan(
+    /// The plan of a call and its kernels, loaded: `wide`, the element inputs broadcast to the
+    /// input shape, and the element outputs (passed, or new and contiguous) over the kept axes,
+    /// on device `ordinal`. A call that walks what the last one walked, with its signature,
+    /// reuses its plan and kernels.
+    fn planned(
         &self,
         bound: &Bound,
         outputs: &[Option<Array>],
         shapes: &Shapes<'_>,
         wide: &[Array],
         ordinal: u32,
-    ) -> Result<ReductionPlan> {
+    ) -> Result<(Arc<ReductionPlan>, [usize; 2])> {
         let nin = bound.roles.len() - outputs.len();
         let contiguous = crate::layout::Layout::contiguous(&shapes.out)?;
         let kept = |s: &[isize]| kept_of(s, &shapes.shape, &shapes.reduced, shapes.keepdims);
@@ -216,9 +225,32 @@ impl ReductionKernel {
             &bound.dtypes[..nin],
             &bound.roles[..nin],
         );
+        if let Some(last) = &*crate::lock(&self.last) {
+            let same_sig = last.sig.dtypes == bound.dtypes && last.sig.roles == bound.roles;
+            if last.ordinal == ordinal && same_sig && last.walked.matches(&walk, width) {
+                return Ok((last.plan.clone(), last.functions));
+            }
+        }
         let sms = crate::cuda::context::sm_count(ordinal)?;
-        let (indexed, merge) = (self.spec.uses_index(), self.spec.reduce_dims);
-        ReductionPlan::new(&walk, indexed, merge, width, sms)
+        let plan = ReductionPlan::new(&walk, self.indexed, self.spec.reduce_dims, width, sms)?;
+        let sig = Signature {
+            dtypes: bound.dtypes.clone(),
+            roles: bound.roles.clone(),
+        };
+        let variant = Variant {
+            group: plan.group,
+            vector: plan.vector,
+        };
+        let functions = self.functions(ordinal, sig.clone(), variant)?;
+        let plan = Arc::new(plan);
+        *crate::lock(&self.last) = Some(Last {
+            ordinal,
+            sig,
+            walked: Walked::of(&walk, width),
+            plan: plan.clone(),
+            functions,
+        });
+        Ok((plan, functions))
     }
 
     /// Checks the outputs passed: element outputs of the result's shape and dtype, writable,

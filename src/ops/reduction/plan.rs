@@ -126,7 +126,7 @@ impl ReductionPlan {
         let aligned = |inner: usize| {
             walk.inputs.iter().zip(&kept_strides).all(|(o, s)| {
                 let outer = s[..s.len() - inner].iter().zip(&kept);
-                o.address % (width * o.itemsize) == 0
+                at_pack(o, width)
                     && outer
                         .filter(|&(_, &e)| e > 1)
                         .all(|(&k, _)| k % width as isize == 0)
@@ -159,6 +159,53 @@ impl ReductionPlan {
             group,
             chunks,
         })
+    }
+}
+
+/// Whether `o`'s first element starts a pack of `width` elements.
+fn at_pack(o: &Operand<'_>, width: usize) -> bool {
+    o.address % (width * o.itemsize) == 0
+}
+
+/// Everything of a [`Walk`] and its pack width that [`ReductionPlan::new`] reads, owned: a
+/// later call whose walk [`Walked::matches`] it (a repeated call: the same shapes, strides and
+/// alignments) has the same plan.
+#[derive(Debug)]
+pub struct Walked {
+    shape: Vec<usize>,
+    axes: Vec<usize>,
+    /// Per element input: its strides, bytes per element, and whether it starts at a pack.
+    inputs: Vec<(Vec<isize>, usize, bool)>,
+    outputs: Vec<Vec<isize>>,
+    width: usize,
+}
+
+impl Walked {
+    /// The record of `walk` with packs of `width`.
+    pub fn of(walk: &Walk<'_>, width: usize) -> Walked {
+        Walked {
+            shape: walk.shape.to_vec(),
+            axes: walk.axes.to_vec(),
+            inputs: (walk.inputs.iter())
+                .map(|o| (o.strides.to_vec(), o.itemsize, at_pack(o, width)))
+                .collect(),
+            outputs: walk.outputs.iter().map(|s| s.to_vec()).collect(),
+            width,
+        }
+    }
+
+    /// Whether `walk` with packs of `width` is what this record holds.
+    pub fn matches(&self, walk: &Walk<'_>, width: usize) -> bool {
+        let input = |((s, itemsize, packed), o): (&(Vec<isize>, usize, bool), &Operand<'_>)| {
+            s[..] == *o.strides && *itemsize == o.itemsize && *packed == at_pack(o, width)
+        };
+        self.width == width
+            && self.shape[..] == *walk.shape
+            && self.axes[..] == *walk.axes
+            && self.inputs.len() == walk.inputs.len()
+            && self.inputs.iter().zip(walk.inputs).all(input)
+            && self.outputs.len() == walk.outputs.len()
+            && (self.outputs.iter().zip(walk.outputs)).all(|(a, b)| a[..] == **b)
     }
 }
 
@@ -375,6 +422,55 @@ mod tests {
         assert_eq!(strategy(16384, 16384, (true, true), 4, 132), (32, 1));
         // 1024 rows of 2^18: a block a row.
         assert_eq!(strategy(1024, 1 << 18, (true, true), 4, 132).0, BLOCK);
+    }
+
+    #[test]
+    fn a_record_matches_only_the_walk_it_was_made_from() {
+        let (x, t, out) = ([64, 1], [1, 64], [1]);
+        let outs: [&[isize]; 1] = [&out];
+        let inputs = [op(&x, 256)];
+        let walk = Walk {
+            shape: &[64, 64],
+            axes: &[1],
+            inputs: &inputs,
+            outputs: &outs,
+        };
+        let record = Walked::of(&walk, 4);
+        assert!(record.matches(&walk, 4));
+        assert!(!record.matches(&walk, 2));
+        let (shifted, transposed) = ([op(&x, 260)], [op(&t, 256)]);
+        let mut wide = op(&x, 256);
+        wide.itemsize = 8;
+        let wide = [wide];
+        for inputs in [&shifted[..], &transposed, &wide, &[]] {
+            assert!(!record.matches(&Walk { inputs, ..walk }, 4));
+        }
+        // Another address on the same packs plans the same.
+        assert!(record.matches(
+            &Walk {
+                inputs: &[op(&x, 512)],
+                ..walk
+            },
+            4
+        ));
+        let strided: [&[isize]; 1] = [&[2]];
+        for other in [
+            Walk {
+                shape: &[64, 32],
+                ..walk
+            },
+            Walk { axes: &[0], ..walk },
+            Walk {
+                outputs: &strided,
+                ..walk
+            },
+            Walk {
+                outputs: &[],
+                ..walk
+            },
+        ] {
+            assert!(!record.matches(&other, 4));
+        }
     }
 
     #[test]
