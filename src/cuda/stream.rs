@@ -103,9 +103,11 @@ unsafe impl Sync for Event {}
 
 /// Events no longer in use, by device, kept for reuse: creating one costs a driver call per
 /// array that CUDA work writes. Re-recording an event is safe even while earlier waits on it are
-/// queued: a wait captures the record that preceded it.
+/// queued: a wait captures the record that preceded it. Held events come back in batches (the
+/// releaser lets go of every finished call's at once): under the host-path stub, calls on a side
+/// stream created and destroyed half an event each with room for 256, none with 4096.
 static SPARE_EVENTS: std::sync::Mutex<Vec<(u32, usize)>> = std::sync::Mutex::new(Vec::new());
-const MAX_SPARE_EVENTS: usize = 256;
+const MAX_SPARE_EVENTS: usize = 4096;
 
 fn spare_event(ordinal: u32) -> Option<usize> {
     let mut spare = crate::lock(&SPARE_EVENTS);
