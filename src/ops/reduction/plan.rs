@@ -47,6 +47,14 @@ const THREADS_PER_SM: usize = 2048;
 /// thread with several packs in flight. Measured on an H200 (float32 sum of 2^28 elements, all
 /// of them: 0.92x torch's bandwidth aiming at 2048, 0.81x at 1536, 0.97x at 1024).
 const SPLIT_THREADS_PER_SM: usize = 1024;
+/// Bytes that the threads of columns in packs aim to have in flight per SM: each thread loads
+/// `width` packs of 16 bytes at a time (a pack of neighbouring columns from each of `width`
+/// rows), so narrow types aim at fewer threads (64 KiB: 1024 threads for float32, 512 for
+/// bfloat16). Measured on an H100, sums over the first axis of square arrays, kernel time
+/// against torch.sum's: bfloat16 at 2^24 / 2^26 / 2^28 elements 0.71x / 0.85x / 0.93x aiming at
+/// 1024 threads, 0.95x / 1.00x / 0.99x at 512; float32 0.97x-1.00x at 1024, worse at 512 (0.97x
+/// at 2^28) and at 2048 (0.79x-0.96x).
+const COLUMN_BYTES_PER_SM: usize = 64 << 10;
 
 /// The plan of one reduction; see the module documentation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,7 +151,8 @@ impl ReductionPlan {
             && in_red.iter().all(|s| s[0] % width as isize == 0);
         if columns {
             let work = n_out.saturating_mul(n_red);
-            chunks = split(n_out / width, work, n_red / (2 * width), sms);
+            let per_sm = (COLUMN_BYTES_PER_SM / (width * 16)).min(SPLIT_THREADS_PER_SM);
+            chunks = split((n_out / width, work), n_red / (2 * width), (sms, per_sm));
         }
         let per_thread = if columns && aligned(1) { width } else { 1 };
         Ok(ReductionPlan {
@@ -279,12 +288,17 @@ pub fn strategy(
     // work (a few blocks' worth) takes one launch whatever it leaves idle.
     let busy = n_out.saturating_mul(group as usize);
     let most = n_red / (group as usize * width * UNROLL);
-    (group, split(busy, n_out.saturating_mul(n_red), most, sms))
+    let work = n_out.saturating_mul(n_red);
+    (
+        group,
+        split((busy, work), most, (sms, SPLIT_THREADS_PER_SM)),
+    )
 }
 
-/// The chunks for `busy` threads (before the split) over `work` elements, at most `most`.
-fn split(busy: usize, work: usize, most: usize, sms: usize) -> usize {
-    let resident = sms.max(1) * SPLIT_THREADS_PER_SM;
+/// The chunks for `busy` threads (before the split) over `work` elements, at most `most`,
+/// aiming at `per_sm` threads on each of `sms` multiprocessors.
+fn split((busy, work): (usize, usize), most: usize, (sms, per_sm): (usize, usize)) -> usize {
+    let resident = sms.max(1) * per_sm;
     let short = busy < resident / 16 || (work >= 1 << 22 && busy < resident / 4);
     let wanted = match short && work >= 1 << 16 {
         true => resident.div_ceil(busy.max(1)),
@@ -407,6 +421,30 @@ mod tests {
         assert_eq!(strategy(1, 1024, (true, true), 4, 132), (BLOCK, 1));
         assert_eq!(strategy(1, 1000, (true, true), 4, 132), (32, 1));
         assert_eq!(strategy(8, 4096, (true, true), 4, 132), (32, 1));
+    }
+
+    #[test]
+    fn columns_in_packs_aim_at_the_same_bytes_in_flight_whatever_the_width() {
+        // (8192, 8192) summed over its columns, 132 SMs: float32 (packs of 4) aims at 1024
+        // threads an SM, bfloat16 (packs of 8) at 512, each thread loading twice the bytes.
+        let plan = |width: usize, address| {
+            let x = [8192, 1];
+            let inputs = [Operand {
+                itemsize: 16 / width,
+                ..op(&x, address)
+            }];
+            let walk = Walk {
+                shape: &[8192, 8192],
+                axes: &[0],
+                inputs: &inputs,
+                outputs: &[&[1]],
+            };
+            ReductionPlan::new(&walk, false, true, width, 132).unwrap()
+        };
+        let (f32, bf16) = (plan(4, 256), plan(8, 256));
+        assert_eq!((f32.per_thread, bf16.per_thread), (4, 8));
+        assert_eq!(f32.chunks, (132 * 1024usize).div_ceil(8192 / 4));
+        assert_eq!(bf16.chunks, (132 * 512usize).div_ceil(8192 / 8));
     }
 
     #[test]
