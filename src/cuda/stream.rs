@@ -105,14 +105,30 @@ unsafe impl Sync for Event {}
 /// array that CUDA work writes. Re-recording an event is safe even while earlier waits on it are
 /// queued: a wait captures the record that preceded it. Held events come back in batches (the
 /// releaser lets go of every finished call's at once): under the host-path stub, calls on a side
-/// stream created and destroyed half an event each with room for 256, none with 4096.
-static SPARE_EVENTS: std::sync::Mutex<Vec<(u32, usize)>> = std::sync::Mutex::new(Vec::new());
+/// stream created and destroyed half an event each with room for 256, none with 4096. One list
+/// per device (indexed by ordinal), so that one device's spares neither crowd out nor slow down
+/// another's.
+static SPARE_EVENTS: std::sync::Mutex<Vec<Vec<usize>>> = std::sync::Mutex::new(Vec::new());
 const MAX_SPARE_EVENTS: usize = 4096;
 
 fn spare_event(ordinal: u32) -> Option<usize> {
+    crate::lock(&SPARE_EVENTS).get_mut(ordinal as usize)?.pop()
+}
+
+/// Keeps `raw`, an event of device `ordinal` no longer in use, for reuse; false where that
+/// device's list is full.
+fn keep_spare(ordinal: u32, raw: usize) -> bool {
     let mut spare = crate::lock(&SPARE_EVENTS);
-    let i = spare.iter().rposition(|&(o, _)| o == ordinal)?;
-    Some(spare.swap_remove(i).1)
+    let device = ordinal as usize;
+    if spare.len() <= device {
+        spare.resize_with(device + 1, Vec::new);
+    }
+    let list = &mut spare[device];
+    if list.len() >= MAX_SPARE_EVENTS {
+        return false;
+    }
+    list.push(raw);
+    true
 }
 
 impl Event {
@@ -252,12 +268,9 @@ impl Drop for Event {
         if self.owner.take().is_some() {
             return; // lent: its owner keeps or destroys it
         }
-        let mut spare = crate::lock(&SPARE_EVENTS);
-        if spare.len() < MAX_SPARE_EVENTS {
-            spare.push((self.ordinal, self.raw));
+        if keep_spare(self.ordinal, self.raw) {
             return;
         }
-        drop(spare);
         let _restore = context::Restore::new();
         if context::bind(self.ordinal).is_ok() {
             // SAFETY: created by `record`, destroyed once; pending waits still complete.

@@ -171,7 +171,9 @@ impl ReductionKernel {
         launch.order(wide.iter().chain(raw.iter().copied()).chain(&outs))?;
         let operands = operands(bound, inputs, &wide, &outs)?;
         // SAFETY: `functions` are the kernels of this plan's variant for this signature, loaded
-        // on the launch's device, whose context Launch::order made current; every element
+        // on the launch's device (for this call, or for the last one where it walked the same
+        // shapes, strides and alignments: `planned`), whose context Launch::order made current;
+        // every element
         // input spans the input shape within its validated layout (broadcast views are only
         // read), every element output the plan's kept dimensions (checked: its shape, writable,
         // not overlapping itself or an input); raw arrays are indexed by the user's code within

@@ -48,13 +48,16 @@ const THREADS_PER_SM: usize = 2048;
 /// of them: 0.92x torch's bandwidth aiming at 2048, 0.81x at 1536, 0.97x at 1024).
 const SPLIT_THREADS_PER_SM: usize = 1024;
 /// Bytes that the threads of columns in packs aim to have in flight per SM: each thread loads
-/// `width` packs of 16 bytes at a time (a pack of neighbouring columns from each of `width`
-/// rows), so narrow types aim at fewer threads (64 KiB: 1024 threads for float32, 512 for
-/// bfloat16). Measured on an H100, sums over the first axis of square arrays, kernel time
-/// against torch.sum's: bfloat16 at 2^24 / 2^26 / 2^28 elements 0.71x / 0.85x / 0.93x aiming at
-/// 1024 threads, 0.95x / 1.00x / 0.99x at 512; float32 0.97x-1.00x at 1024, worse at 512 (0.97x
-/// at 2^28) and at 2048 (0.79x-0.96x).
+/// `width` packs at a time (a pack of neighbouring columns, 16 bytes of the widest input, from
+/// each of `width` rows), so narrow types aim at fewer threads (64 KiB: 1024 threads for
+/// float32, 512 for bfloat16), within [`COLUMN_THREADS_PER_SM`]. Measured on an H100, sums over
+/// the first axis of square arrays, time against torch.sum's: bfloat16 at 2^24 / 2^26 / 2^28
+/// elements 0.71x / 0.85x / 0.93x aiming at 1024 threads, 0.95x / 1.00x / 0.99x at 512; float32
+/// 0.97x-1.00x at 1024, worse at 512 (0.97x at 2^28) and at 2048 (0.79x-0.96x).
 const COLUMN_BYTES_PER_SM: usize = 64 << 10;
+/// The threads per SM that columns in packs aim at, whatever the width: 1-byte types (packs of
+/// 16) stay at the 512 that was measured rather than the 256 the bytes would give.
+const COLUMN_THREADS_PER_SM: std::ops::RangeInclusive<usize> = 512..=SPLIT_THREADS_PER_SM;
 
 /// The plan of one reduction; see the module documentation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,7 +154,8 @@ impl ReductionPlan {
             && in_red.iter().all(|s| s[0] % width as isize == 0);
         if columns {
             let work = n_out.saturating_mul(n_red);
-            let per_sm = (COLUMN_BYTES_PER_SM / (width * 16)).min(SPLIT_THREADS_PER_SM);
+            let (fewest, most) = COLUMN_THREADS_PER_SM.into_inner();
+            let per_sm = (COLUMN_BYTES_PER_SM / (width * 16)).clamp(fewest, most);
             chunks = split((n_out / width, work), n_red / (2 * width), (sms, per_sm));
         }
         let per_thread = if columns && aligned(1) { width } else { 1 };
@@ -173,7 +177,7 @@ impl ReductionPlan {
 
 /// Whether `o`'s first element starts a pack of `width` elements.
 fn at_pack(o: &Operand<'_>, width: usize) -> bool {
-    o.address % (width * o.itemsize) == 0
+    o.address.is_multiple_of(width * o.itemsize)
 }
 
 /// Everything of a [`Walk`] and its pack width that [`ReductionPlan::new`] reads, owned: a
@@ -445,6 +449,9 @@ mod tests {
         assert_eq!((f32.per_thread, bf16.per_thread), (4, 8));
         assert_eq!(f32.chunks, (132 * 1024usize).div_ceil(8192 / 4));
         assert_eq!(bf16.chunks, (132 * 512usize).div_ceil(8192 / 8));
+        // float64 stays at 1024 threads (not 2048), 1-byte types at 512 (not 256).
+        assert_eq!(plan(2, 256).chunks, (132 * 1024usize).div_ceil(8192 / 2));
+        assert_eq!(plan(16, 256).chunks, (132 * 512usize).div_ceil(8192 / 16));
     }
 
     #[test]
