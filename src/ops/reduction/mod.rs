@@ -173,12 +173,11 @@ impl ReductionKernel {
         // SAFETY: `functions` are the kernels of this plan's variant for this signature, loaded
         // on the launch's device (for this call, or for the last one where it walked the same
         // shapes, strides and alignments: `planned`), whose context Launch::order made current;
-        // every element
-        // input spans the input shape within its validated layout (broadcast views are only
-        // read), every element output the plan's kept dimensions (checked: its shape, writable,
-        // not overlapping itself or an input); raw arrays are indexed by the user's code within
-        // their sizes (this function's contract); Launch::finish keeps every array valid until
-        // the kernels have run.
+        // every element input spans the input shape within its validated layout (broadcast
+        // views are only read), every element output the plan's kept dimensions (checked: its
+        // shape, writable, not overlapping itself or an input); raw arrays are indexed by the
+        // user's code within their sizes (this function's contract); Launch::finish keeps every
+        // array valid until the kernels have run.
         unsafe {
             launch_plan(
                 &launch,
