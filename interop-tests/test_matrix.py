@@ -12,6 +12,7 @@ Every cell proves its claim or ends as one of:
 `--matrix-json PATH` writes every cell's outcome for matrix_report.py.
 """
 
+import contextlib
 import gc
 import statistics
 import time
@@ -173,15 +174,39 @@ def _read(lib, got, ref):
 SLEEP_CYCLES = 200_000_000  # about 0.1 s of one SM's clock: long enough to lose any race
 
 
-def _sleep_on(stream_ptr, device):
+def _sleep_on(stream_ptr, device, cycles=SLEEP_CYCLES):
     torch = m.LIBS["torch"].module
     if stream_ptr == 0:  # the legacy default stream
         ext = torch.cuda.default_stream(m.gpu_index(device))
     else:
         ext = torch.cuda.ExternalStream(stream_ptr, device=m.gpu_index(device))
     with torch.cuda.stream(ext):
-        torch.cuda._sleep(SLEEP_CYCLES)
+        torch.cuda._sleep(cycles)
     return ext
+
+
+@contextlib.contextmanager
+def _written_behind_a_sleep(cell, steps, P, stream_ptr, src, ref):
+    """Within: (x, ext), x an array of -7 made for `stream`, into which src is being written
+    there behind a long kernel that still runs (ext: the stream as torch names it), the
+    producer's current stream `stream`. A host slower than the kernel (many workers on few
+    cores) tries again behind one eight times as long: the precondition of the race, not the
+    consumer's behaviour."""
+    stream, ptr = stream_ptr
+    dev, torch = cell.device, m.LIBS["torch"].module
+    for cycles in (SLEEP_CYCLES, 8 * SLEEP_CYCLES):
+        x = steps.run(
+            cell.producer, "producer", lambda: P.make_on(np.full_like(ref, -7.0), dev, stream)
+        )
+        P.settle(dev, stream, src)
+        torch.cuda.synchronize(m.gpu_index(dev))
+        with P.current(stream):
+            ext = _sleep_on(ptr, dev, cycles)
+            P.write(x, src, stream)
+            if not ext.query():
+                yield x, ext
+                return
+    raise AssertionError("the side stream finished before the hand-over twice: no race to lose")
 
 
 @pytest.mark.parametrize("cell", _params("stream"))
@@ -194,7 +219,6 @@ def test_stream(cell, request):
     stream the consumer sees the values."""
     _skip_if_missing(cell, cell.producer, cell.consumer, "torch")
     P, C, steps = m.LIBS[cell.producer], m.LIBS[cell.consumer], Steps(cell, request)
-    torch = m.LIBS["torch"].module
     ref = m.reference_base("float32", (1 << 16,))
     dev = cell.device
 
@@ -219,16 +243,8 @@ def test_stream(cell, request):
         return
 
     stream, ptr = default or P.new_stream(dev)
-    x = steps.run(
-        cell.producer, "producer", lambda: P.make_on(np.full_like(ref, -7.0), dev, stream)
-    )
     src = P.make(ref, dev)
-    P.settle(dev, stream, src)
-    torch.cuda.synchronize(m.gpu_index(dev))
-    with P.current(stream):
-        ext = _sleep_on(ptr, dev)
-        P.write(x, src, stream)
-        assert not ext.query(), "the side stream finished before the hand-over: no race to lose"
+    with _written_behind_a_sleep(cell, steps, P, (stream, ptr), src, ref) as (x, ext):
         if cell.stream in ("default", "side"):
             h = steps.run(cell.producer, "producer", lambda: hand_over(x))
             got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, dev), h)
