@@ -311,6 +311,10 @@ CUDA_CASES = {
     "all": ((1 << 20,), None),
     "rows": ((300, 1000), -1),
     "tiny rows": ((100_000, 2), -1),
+    "rows of four": ((100_000, 4), -1),
+    "rows of sixteen": ((1000, 16), -1),
+    "rows of eight, three axes": ((6, 50, 8), -1),
+    "odd rows of two": ((999, 2), -1),
     "columns": ((1000, 300), 0),
     "few columns": ((1 << 18, 4), 0),
     "column packs": ((1003, 256), 0),
@@ -411,6 +415,28 @@ def test_the_same_input_gives_the_same_bits_on_any_run_stream_or_alignment(shape
         torch.cuda.synchronize()
         assert _host(again).tobytes() == first.tobytes()
     assert _host(cb.sum(shifted, axis=axis)).tobytes() == first.tobytes()
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int8])
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_short_rows_read_in_packs_give_the_bits_of_one_element_at_a_time(dtype, n):
+    # Rows one after another from an aligned address are read a pack at a time; the same
+    # values off the packs, or with rows apart, are read one element at a time. The order of
+    # operations is the same, so are the bits.
+    rows = 1 << 16
+    values = torch.randn(rows, n, device="cuda", dtype=torch.float64) * 100
+    packed = values.to(dtype)
+    buf = torch.zeros(rows * n + 1, device="cuda", dtype=dtype)
+    shifted = buf[1:].view(rows, n)
+    shifted.copy_(packed)
+    apart = torch.zeros(rows, n + 1, device="cuda", dtype=dtype)[:, :n]
+    apart.copy_(packed)
+    for op in ("sum", "max", "argmax"):
+        want = _host(getattr(cb, op)(packed, axis=-1)).tobytes()
+        for view in (shifted, apart):
+            assert _host(getattr(cb, op)(view, axis=-1)).tobytes() == want, (op, view.stride())
 
 
 @pytest.mark.cuda

@@ -13,10 +13,10 @@
 // order of every operation depends on the shape, the dtypes and the device's size alone.
 //
 // Ops gives: R (the reduce type), V, Item and item(o) (an output's offsets), at<ONE>(it, j) (the
-// mapped value of element j; ONE: of one reduced dimension), Packs, load<ROW>(p, it, j) and
-// apply(s, p, j) (V elements from unit strides, mapped and folded in order; ROW: the elements
-// of row j of V neighbouring outputs, which apply_each(s, p, j) folds into each one's s[e]),
-// and post(it, a) (the post-map into the outputs).
+// mapped value of element j; ONE: of one reduced dimension), Packs, load<ROW>(p, it, j) (V
+// elements from unit strides; ROW: the elements of row j of V neighbouring outputs), lane(p, e,
+// j) (element e of the packs mapped as element j of its output), and post(it, a) (the post-map
+// into the outputs).
 
 // The loop's kept and reduced extents, innermost last, and the split.
 struct CbRedShape {
@@ -91,6 +91,22 @@ __device__ __forceinline__ R group_fold(R s, unsigned char* shared) {
 // Packs each thread loads before it folds them (one reduced dimension): more bytes in flight.
 #define CBR_UNROLL 4
 
+// Folds the V elements of packs p, elements j, j + 1, ... of one output, into s in order.
+template <typename Ops>
+__device__ __forceinline__ void apply(const Ops& ops, typename Ops::R& s,
+                                      const typename Ops::Packs& p, long long j) {
+#pragma unroll
+    for (int e = 0; e < Ops::V; ++e) s = cb_reduce(s, ops.lane(p, e, j + e));
+}
+
+// Folds element e of packs p, element j of V neighbouring outputs, into each one's s[e].
+template <typename Ops>
+__device__ __forceinline__ void apply_each(const Ops& ops, typename Ops::R* s,
+                                           const typename Ops::Packs& p, long long j) {
+#pragma unroll
+    for (int e = 0; e < Ops::V; ++e) s[e] = cb_reduce(s[e], ops.lane(p, e, j));
+}
+
 // Folds thread t's share of an output's n elements into s. The T threads of the output (its
 // group's in every chunk: t = chunk * G + lane) take packs of V in turn, thread t packs t,
 // t + T, ..., so that at any moment the device reads one window of neighbouring packs (no
@@ -115,7 +131,7 @@ __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename O
                 if (q0 + u * T < packs) ops.template load<false>(p[u], it, (q0 + u * T) * V);
 #pragma unroll
             for (int u = 0; u < U; ++u)
-                if (q0 + u * T < packs) ops.apply(s, p[u], (q0 + u * T) * V);
+                if (q0 + u * T < packs) apply(ops, s, p[u], (q0 + u * T) * V);
         } else if constexpr (ONE) {
             // The loads do not depend on s: the compiler issues them ahead of the folds.
 #pragma unroll
@@ -159,14 +175,14 @@ __device__ __forceinline__ void fold_columns(const Ops& ops, const typename Ops:
 #pragma unroll
         for (int e = 0; e < V; ++e) ops.template load<true>(p[e], it, q * V + e);
 #pragma unroll
-        for (int e = 0; e < V; ++e) ops.apply_each(s, p[e], q * V + e);
+        for (int e = 0; e < V; ++e) apply_each(ops, s, p[e], q * V + e);
     }
     const long long tail = packs * V + t;
 #pragma unroll 1
     for (long long j = tail; j < n; j += T) {
         typename Ops::Packs p;
         ops.template load<true>(p, it, j);
-        ops.apply_each(s, p, j);
+        apply_each(ops, s, p, j);
     }
 }
 
@@ -222,10 +238,48 @@ __device__ __forceinline__ void pass_groups(const Ops& ops, const CbRedShape& g,
     }
 }
 
-// The first kernel: columns in packs where G is 1 and the loads are packs, else groups.
-template <typename Ops, int G, bool VEC>
+// Rows of at most this many elements take one thread each (the host's SHORT_ROW).
+#define CBR_SHORT_ROW 16
+
+// The first kernel for short rows in packs (G == 1, one chunk; the rows contiguous and
+// aligned): with K > 1, each thread K neighbouring rows of V / K elements, one pack of each
+// input; with K == 1, one row of a multiple of V elements, pack by pack. Each row is folded in
+// order from the identity, as one thread a row folds it.
+template <typename Ops, int K>
+__device__ __forceinline__ void pass_rows(const Ops& ops, const CbRedShape& g) {
+    typedef typename Ops::R R;
+    constexpr int V = Ops::V, N = V / K, P = K > 1 ? 1 : CBR_SHORT_ROW / V;
+    const long long step = (long long)gridDim.x * blockDim.x * K;
+    for (long long o = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * K; o < g.n_out;
+         o += step) {
+        const typename Ops::Item it = ops.item(o);
+        typename Ops::Packs p[P];
+#pragma unroll
+        for (int q = 0; q < P; ++q)
+            if (q * V < g.n_red) ops.template load<false>(p[q], it, q * V);
+        R s[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) s[k] = cb_identity();
+        if constexpr (K == 1) {
+#pragma unroll
+            for (int q = 0; q < P; ++q)
+                if (q * V < g.n_red) apply(ops, s[0], p[q], q * V);
+        } else {
+#pragma unroll
+            for (int e = 0; e < V; ++e) s[e / N] = cb_reduce(s[e / N], ops.lane(p[0], e, e % N));
+        }
+        ops.post(it, s[0]);
+#pragma unroll
+        for (int k = 1; k < K; ++k) ops.post(ops.item(o + k), s[k]);
+    }
+}
+
+// The first kernel: short rows in packs where K is set, columns in packs where G is 1 and the
+// loads are packs, else groups.
+template <typename Ops, int G, bool VEC, int K>
 __device__ __forceinline__ void pass(const Ops& ops, const CbRedShape& g, void* partial) {
-    if constexpr (G == 1 && VEC) pass_columns<Ops>(ops, g, partial);
+    if constexpr (K > 0) pass_rows<Ops, K>(ops, g);
+    else if constexpr (G == 1 && VEC) pass_columns<Ops>(ops, g, partial);
     else pass_groups<Ops, G, VEC>(ops, g, partial);
 }
 

@@ -222,8 +222,8 @@ fn kernel_empty_ok(op: Op) -> bool {
 
 /// The reductions that ship compiled: sum, max and min of float32, float16, bfloat16, int32
 /// and int64 (and their default results), over whole arrays and over rows (the kernels of
-/// 256 and of 32 threads per output, with packs), and over columns (one thread per output, or
-/// per pack of neighbouring outputs).
+/// 256 and of 32 threads per output, with packs; short rows a pack or whole packs a thread),
+/// and over columns (one thread per output, or per pack of neighbouring outputs).
 pub fn shipped_programs() -> Vec<Program> {
     let dtypes = [
         DType::Float32,
@@ -232,7 +232,7 @@ pub fn shipped_programs() -> Vec<Program> {
         DType::Int32,
         DType::Int64,
     ];
-    let variants = [(256, true), (32, true), (1, true), (1, false)];
+    let variants = [(256, true, 0), (32, true, 0), (1, true, 0), (1, false, 0)];
     let mut all = Vec::new();
     for op in [Op::Sum, Op::Max, Op::Min] {
         for d in dtypes {
@@ -243,8 +243,16 @@ pub fn shipped_programs() -> Vec<Program> {
                 dtypes: vec![d, r],
                 roles: vec![Role::Element; 2],
             };
-            for (group, vector) in variants {
-                let v = super::source::Variant { group, vector };
+            // Short rows in packs: K rows of V / K elements a pack, down to rows of 2.
+            let width = super::source::width(&sig, 1) as u32;
+            let short = (0..).map(|s| 1 << s).take_while(|&k| k <= width / 2);
+            let rows = short.map(|k| (1, true, k));
+            for (group, vector, rows) in variants.into_iter().chain(rows) {
+                let v = super::source::Variant {
+                    group,
+                    vector,
+                    rows,
+                };
                 all.push(super::source::program(kernel(op).spec(), &sig, v));
             }
         }
@@ -358,6 +366,7 @@ mod compile_tests {
                 let v = super::super::source::Variant {
                     group: 32,
                     vector: d.itemsize() < 16,
+                    rows: 0,
                 };
                 programs.push(super::super::source::program(kernel(op).spec(), &sig, v));
             }

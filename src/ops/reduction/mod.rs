@@ -238,10 +238,7 @@ impl ReductionKernel {
             dtypes: bound.dtypes.clone(),
             roles: bound.roles.clone(),
         };
-        let variant = Variant {
-            group: plan.group,
-            vector: plan.vector,
-        };
+        let variant = Variant::of(&plan);
         let functions = self.functions(ordinal, sig.clone(), variant)?;
         let plan = Arc::new(plan);
         *crate::lock(&self.last) = Some(Last {
@@ -412,11 +409,12 @@ unsafe fn launch_plan(
     };
     let (stream, block) = (launch.stream().handle(), (plan::BLOCK, 1, 1));
     // Columns in packs: a block's threads along the outputs cover them (a power of two), the
-    // rest of it takes more chunks (kernels/reduce.cuh, pass_columns).
+    // rest of it takes more chunks (kernels/reduce.cuh, pass_columns). Short rows in packs
+    // take a block of outputs' threads, as groups do.
     let threads_out = plan.n_out.div_ceil(plan.per_thread);
-    let across = match plan.per_thread {
-        1 => plan::BLOCK as usize,
-        _ => threads_out.next_power_of_two().min(plan::BLOCK as usize),
+    let across = match plan.per_thread > 1 && plan.rows == 0 {
+        true => threads_out.next_power_of_two().min(plan::BLOCK as usize),
+        false => plan::BLOCK as usize,
     };
     let rows = plan.chunks.div_ceil(plan::BLOCK as usize / across);
     let rows32 = u32::try_from(rows).map_err(|_| Error::invalid("internal: chunks"))?;

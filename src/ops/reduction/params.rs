@@ -175,10 +175,7 @@ mod tests {
         ];
         let mut p = list(&plan, operands.into_iter(), 3, std::ptr::null_mut()).unwrap();
         let q = p.pointers();
-        let variant = Variant {
-            group: plan.group,
-            vector: plan.vector,
-        };
+        let variant = Variant::of(&plan);
         let source = program(&r, &sig, variant).source;
         let head = format!("{}(", program(&r, &sig, variant).functions[0]);
         let (_, after) = source.split_once(&head).unwrap();

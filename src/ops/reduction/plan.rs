@@ -6,7 +6,8 @@
 //!   element (rows of a few thousand elements, or enough rows to fill the device with warps),
 //!   else, and where fewer than 8 outputs leave a block's warps idle, a block of 256 threads,
 //!   moving packs of 16 bytes where the addresses allow; rows of at most 16 elements one thread
-//!   each;
+//!   each, which read packs where the rows lie one after another from an aligned address (a
+//!   pack holding whole rows, or a row whole packs);
 //! - otherwise (columns): one thread per output element, neighbouring threads on neighbouring
 //!   columns, or where the columns are contiguous and aligned, one thread per pack of 16 bytes
 //!   of neighbouring columns (each column's elements in the same order);
@@ -84,8 +85,12 @@ pub struct ReductionPlan {
     /// Whether the kernel moves packs of `width` elements (same order of operations).
     pub vector: bool,
     /// Outputs a thread reduces: 1, or with one thread an output (`group` 1) and packs, the
-    /// elements' width (columns in packs, in the same order as one at a time).
+    /// elements' width (columns in packs) or the rows a pack holds (short rows in packs), in
+    /// the same order as one at a time.
     pub per_thread: usize,
+    /// Short rows in packs: the rows each thread reads from one pack (1: a row of whole
+    /// packs); 0: another kernel.
+    pub rows: u32,
 }
 
 /// What a reduction reads and writes, over the input's broadcast `shape`.
@@ -158,10 +163,31 @@ impl ReductionPlan {
             let per_sm = (COLUMN_BYTES_PER_SM / (width * 16)).clamp(fewest, most);
             chunks = split((n_out / width, work), n_red / (2 * width), (sms, per_sm));
         }
-        let per_thread = if columns && aligned(1) { width } else { 1 };
+        // Short rows in packs: one thread a row, every element input's rows one after another
+        // from an aligned address, a pack holding whole rows (or a row whole packs), and no
+        // pack across the innermost kept extent.
+        let per_pack = rows_per_pack(n_red, width);
+        let short_rows = !columns
+            && group == 1
+            && unit_red
+            && per_pack > 0
+            && aligned(1)
+            && kept.last().is_some_and(|&k| k % per_pack == 0)
+            && (kept_strides[..nin].iter()).all(|s| s.last() == Some(&(n_red as isize)));
+        let rows = if short_rows { per_pack } else { 0 };
+        if short_rows {
+            chunks = 1;
+        }
+        let per_thread = match () {
+            _ if columns && aligned(1) => width,
+            _ if rows > 0 => rows,
+            _ => 1,
+        };
         Ok(ReductionPlan {
-            vector: width > 1 && (group > 1 && unit_red && aligned(0) || per_thread > 1),
+            vector: width > 1
+                && (group > 1 && unit_red && aligned(0) || per_thread > 1 || rows > 0),
             per_thread,
+            rows: rows as u32,
             out_kept: kept_strides[nin..].to_vec(),
             in_kept: kept_strides[..nin].to_vec(),
             kept,
@@ -172,6 +198,17 @@ impl ReductionPlan {
             group,
             chunks,
         })
+    }
+}
+
+/// The rows of `n_red` elements that a pack of `width` holds whole (1: a row holds whole
+/// packs), or 0 where neither holds the other whole.
+fn rows_per_pack(n_red: usize, width: usize) -> usize {
+    match () {
+        _ if width < 2 || n_red < 2 => 0,
+        _ if width.is_multiple_of(n_red) => width / n_red,
+        _ if n_red.is_multiple_of(width) => 1,
+        _ => 0,
     }
 }
 
@@ -387,6 +424,46 @@ mod tests {
         };
         let p = ReductionPlan::new(&w, false, true, 4, 132).unwrap();
         assert_eq!((p.group, p.chunks, p.n_out), (1, 1, 1_000_000));
+    }
+
+    #[test]
+    fn short_rows_one_after_another_are_read_in_packs() {
+        // (rows, n) of float32 (packs of 4) at `address` with row stride `row`, summed over n:
+        // the rows a pack holds, or 0 where the rows are not read in packs.
+        let rows = |shape: [usize; 2], row: isize, address: usize, width: usize| {
+            let x = [row, 1];
+            let inputs = [op(&x, address)];
+            let w = Walk {
+                shape: &shape,
+                axes: &[1],
+                inputs: &inputs,
+                outputs: &[&[1]],
+            };
+            let p = ReductionPlan::new(&w, false, true, width, 132).unwrap();
+            assert_eq!((p.group, p.chunks), (1, 1));
+            assert_eq!(p.vector, p.rows > 0);
+            assert_eq!(p.per_thread, p.rows.max(1) as usize);
+            p.rows
+        };
+        assert_eq!(rows([1_000_000, 2], 2, 0, 4), 2);
+        assert_eq!(rows([1_000_000, 4], 4, 16, 4), 1);
+        assert_eq!(
+            rows([1_000, 16], 16, 0, 2),
+            1,
+            "float64: rows of 8 packs of 2"
+        );
+        assert_eq!(rows([1_000_000, 2], 2, 0, 8), 4, "bfloat16: 4 rows a pack");
+        assert_eq!(rows([1_000_000, 2], 2, 0, 16), 8, "int8: 8 rows a pack");
+        assert_eq!(rows([1_000, 8], 8, 0, 4), 1);
+        // Rows that a pack neither holds whole nor splits whole, rows apart, a pack across the
+        // last row, a misaligned first row, a row of one: one thread a row, one at a time.
+        assert_eq!(rows([1_000, 3], 3, 0, 4), 0);
+        assert_eq!(rows([1_000, 6], 6, 0, 4), 0);
+        assert_eq!(rows([1_000, 2], 4, 0, 4), 0);
+        assert_eq!(rows([999, 2], 2, 0, 4), 0);
+        assert_eq!(rows([1_000, 2], 2, 8, 4), 0);
+        assert_eq!(rows([1_000, 1], 1, 0, 4), 0);
+        assert_eq!(rows([1_000, 2], 2, 0, 1), 0, "complex128 has no packs");
     }
 
     #[test]

@@ -18,6 +18,20 @@ pub struct Variant {
     pub group: u32,
     /// Whether element inputs are read in packs.
     pub vector: bool,
+    /// Short rows in packs: the rows a thread reads from one pack (1: a row of a multiple of
+    /// the pack); 0: another kernel.
+    pub rows: u32,
+}
+
+impl Variant {
+    /// The kernels that carry out `plan`.
+    pub fn of(plan: &super::plan::ReductionPlan) -> Variant {
+        Variant {
+            group: plan.group,
+            vector: plan.vector,
+            rows: plan.rows,
+        }
+    }
 }
 
 /// Elements per pack: 16 bytes of the widest element input (1 for 16-byte elements).
@@ -137,10 +151,8 @@ fn ops(sig: &Signature, nin: usize, width: usize) -> String {
          struct Packs {{ {packs}}};\n\
          template <bool ROW> __device__ __forceinline__ void load(Packs& p, const Item& it, \
          long long j) const {{ (void)p; (void)it; (void)j; {loads}}}\n\
-         __device__ __forceinline__ void apply(R& s, const Packs& p, long long j) const {{\n\
-         (void)p;\n#pragma unroll\nfor (int e = 0; e < V; ++e) s = cb_reduce(s, cb_map(j + e{lane}));\n}}\n\
-         __device__ __forceinline__ void apply_each(R* s, const Packs& p, long long j) const {{\n\
-         (void)p;\n#pragma unroll\nfor (int e = 0; e < V; ++e) s[e] = cb_reduce(s[e], cb_map(j{lane}));\n}}\n\
+         __device__ __forceinline__ R lane(const Packs& p, int e, long long j) const {{\n\
+         (void)p; (void)e;\nreturn cb_map(j{lane});\n}}\n\
          __device__ __forceinline__ void post(const Item& it, const R& a) const \
          {{ (void)it; cb_post(a{post}); }}\n}};\n"
     )
@@ -171,16 +183,21 @@ pub fn program(r: &ReductionSpec, sig: &Signature, variant: Variant) -> Program 
         .collect();
     let init: String = (0..sig.roles.len()).map(|k| format!("p{k}, ")).collect();
     let v = if variant.vector { "v" } else { "" };
-    let function = format!("{}_g{}{v}", spec.name, variant.group);
+    let rows = match variant.rows {
+        0 => String::new(),
+        k => format!("r{k}"),
+    };
+    let function = format!("{}_g{}{v}{rows}", spec.name, variant.group);
     let _ = write!(
         src,
         "extern \"C\" __global__ void __launch_bounds__(256) {function}({params}) {{\n\
-         cbr::pass<CbRedOps, {g}, {vec}>(CbRedOps{{{init}g}}, g, partial);\n}}\n\
+         cbr::pass<CbRedOps, {g}, {vec}, {k}>(CbRedOps{{{init}g}}, g, partial);\n}}\n\
          extern \"C\" __global__ void __launch_bounds__(256) {function}_final({params}) {{\n\
          cbr::finish<CbRedOps, {fg}>(CbRedOps{{{init}g}}, g, partial);\n}}\n",
         params = params.join(", "),
         g = variant.group,
         vec = variant.vector,
+        k = variant.rows,
         fg = super::plan::final_group(variant.group),
     );
     Program {
@@ -251,6 +268,7 @@ pub(crate) mod tests {
             Variant {
                 group: 32,
                 vector: true,
+                rows: 0,
             },
         );
         assert_eq!(p.functions, ["wss_g32v", "wss_g32v_final"]);
@@ -278,7 +296,14 @@ pub(crate) mod tests {
         ));
         assert!(s.contains("cb_post(a, p3.p[it.o3], p4.p[it.o4], p1);"));
         assert!(s.contains("static constexpr int V = 8;"));
-        assert!(s.contains("cbr::pass<CbRedOps, 32, true>(CbRedOps{p0, p1, p2, p3, p4, g}"));
+        assert!(s.contains("return cb_map(j, p.v0.v[e], p1, p2);"));
+        assert!(s.contains("cbr::pass<CbRedOps, 32, true, 0>(CbRedOps{p0, p1, p2, p3, p4, g}"));
+        let rows = Variant {
+            group: 1,
+            vector: true,
+            rows: 4,
+        };
+        assert_eq!(program(&r, &sig, rows).functions[0], "wss_g1vr4");
     }
 }
 
@@ -305,8 +330,30 @@ mod compile_tests {
         let (r, sig) = tests::weighted();
         for group in [1, 32, 256] {
             for vector in [false, true] {
-                compiles(&program(&r, &sig, Variant { group, vector }));
+                let rows = 0;
+                compiles(&program(
+                    &r,
+                    &sig,
+                    Variant {
+                        group,
+                        vector,
+                        rows,
+                    },
+                ));
             }
+        }
+        // Short rows in packs: bfloat16's packs of 8 hold 1, 2 or 4 rows.
+        for rows in [1, 2, 4] {
+            let (group, vector) = (1, true);
+            compiles(&program(
+                &r,
+                &sig,
+                Variant {
+                    group,
+                    vector,
+                    rows,
+                },
+            ));
         }
     }
 
@@ -347,6 +394,7 @@ mod compile_tests {
                 Variant {
                     group: 256,
                     vector: true,
+                    rows: 0,
                 },
             ));
         }
