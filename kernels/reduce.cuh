@@ -39,9 +39,10 @@ template <typename T> struct CbRedIn {
 namespace cbr {
 
 // The offset of element i of a walk over `ext` (C order) with strides `s`. The loop is kept
-// rolled: its 64-bit divisions, unrolled or copied into every unrolled load, would take most of
-// a program's compile time. Walks of one dimension (nearly all, once merged) never come here.
-__device__ __forceinline__ long long offset_nd(long long i, const long long* ext,
+// rolled and the function out of line: its 64-bit divisions, unrolled or copied into every
+// caller, would take most of a program's compile time. Walks of one dimension (nearly all, once
+// merged) never come here.
+__device__ __noinline__ long long offset_nd(long long i, const long long* ext,
                                                const long long* s, int ndim) {
     long long off = 0;
 #pragma unroll 1
@@ -123,6 +124,8 @@ __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename O
     // narrow types compile faster and keep as many bytes in flight).
     constexpr int U = !ONE ? 1 : VEC || V <= 4 ? CBR_UNROLL : (V < 16 ? 16 / V : 1);
     const long long packs = n / V;
+    // Rolled: U packs in flight already; the compiler's own unrolling of it only adds code.
+#pragma unroll 1
     for (long long q0 = t; q0 < packs; q0 += T * U) {
         if constexpr (VEC) {
             typename Ops::Packs p[U];
@@ -294,6 +297,7 @@ __device__ __forceinline__ void finish(const Ops& ops, const CbRedShape& g, cons
     for (long long o = blockIdx.x * per_block + threadIdx.x / G; o < g.n_out;
          o += gridDim.x * per_block) {
         R s = cb_identity();
+#pragma unroll 1  // a few partials a thread: unrolled, the loop only adds code
         for (long long c = lane; c < g.chunks; c += G) s = cb_reduce(s, parts[o * g.chunks + c]);
         s = group_fold<G>(s, shared);
         if (lane == 0) ops.post(ops.item(o), s);
