@@ -43,7 +43,7 @@ namespace cbr {
 // caller, would take most of a program's compile time. Walks of one dimension (nearly all, once
 // merged) never come here.
 __device__ __noinline__ long long offset_nd(long long i, const long long* ext,
-                                               const long long* s, int ndim) {
+                                            const long long* s, int ndim) {
     long long off = 0;
 #pragma unroll 1
     for (int d = ndim - 1; d > 0; --d) {
@@ -124,8 +124,6 @@ __device__ __forceinline__ typename Ops::R fold(const Ops& ops, const typename O
     // narrow types compile faster and keep as many bytes in flight).
     constexpr int U = !ONE ? 1 : VEC || V <= 4 ? CBR_UNROLL : (V < 16 ? 16 / V : 1);
     const long long packs = n / V;
-    // Rolled: U packs in flight already; the compiler's own unrolling of it only adds code.
-#pragma unroll 1
     for (long long q0 = t; q0 < packs; q0 += T * U) {
         if constexpr (VEC) {
             typename Ops::Packs p[U];
@@ -297,7 +295,6 @@ __device__ __forceinline__ void finish(const Ops& ops, const CbRedShape& g, cons
     for (long long o = blockIdx.x * per_block + threadIdx.x / G; o < g.n_out;
          o += gridDim.x * per_block) {
         R s = cb_identity();
-#pragma unroll 1  // a few partials a thread: unrolled, the loop only adds code
         for (long long c = lane; c < g.chunks; c += G) s = cb_reduce(s, parts[o * g.chunks + c]);
         s = group_fold<G>(s, shared);
         if (lane == 0) ops.post(ops.item(o), s);
