@@ -39,11 +39,10 @@ template <typename T> struct CbRedIn {
 namespace cbr {
 
 // The offset of element i of a walk over `ext` (C order) with strides `s`. The loop is kept
-// rolled and the function out of line: its 64-bit divisions, unrolled or copied into every
-// caller, would take most of a program's compile time. Walks of one dimension (nearly all, once
-// merged) never come here.
-__device__ __noinline__ long long offset_nd(long long i, const long long* ext,
-                                            const long long* s, int ndim) {
+// rolled: its 64-bit divisions, unrolled or copied into every unrolled load, would take most of
+// a program's compile time. Walks of one dimension (nearly all, once merged) never come here.
+__device__ __forceinline__ long long offset_nd(long long i, const long long* ext,
+                                               const long long* s, int ndim) {
     long long off = 0;
 #pragma unroll 1
     for (int d = ndim - 1; d > 0; --d) {
