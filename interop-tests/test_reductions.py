@@ -421,11 +421,12 @@ def test_the_same_input_gives_the_same_bits_on_any_run_stream_or_alignment(shape
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int8])
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
-def test_short_rows_read_in_packs_give_the_bits_of_one_element_at_a_time(dtype, n):
+@pytest.mark.parametrize("rows", [1 << 16, 5000])
+def test_short_rows_read_in_packs_give_the_bits_of_one_element_at_a_time(dtype, n, rows):
     # Rows one after another from an aligned address are read a pack at a time; the same
     # values off the packs, or with rows apart, are read one element at a time. The order of
-    # operations is the same, so are the bits.
-    rows = 1 << 16
+    # operations is the same, so are the bits. (5000 float64 rows of 16 are split into chunks,
+    # the same split whatever the address.)
     values = torch.randn(rows, n, device="cuda", dtype=torch.float64) * 100
     packed = values.to(dtype)
     buf = torch.zeros(rows * n + 1, device="cuda", dtype=dtype)

@@ -163,21 +163,21 @@ impl ReductionPlan {
             let per_sm = (COLUMN_BYTES_PER_SM / (width * 16)).clamp(fewest, most);
             chunks = split((n_out / width, work), n_red / (2 * width), (sms, per_sm));
         }
-        // Short rows in packs: one thread a row, every element input's rows one after another
-        // from an aligned address, a pack holding whole rows (or a row whole packs), and no
-        // pack across the innermost kept extent.
+        // Short rows in packs: one thread a row in one chunk (rows split into chunks keep the
+        // order of their split, with or without packs), every element input's rows one after
+        // another from an aligned address, a pack holding whole rows (or a row whole packs),
+        // and no pack across the innermost kept extent.
         let per_pack = rows_per_pack(n_red, width);
         let short_rows = !columns
             && group == 1
+            && chunks == 1
             && unit_red
+            && n_red <= SHORT_ROW
             && per_pack > 0
             && aligned(1)
             && kept.last().is_some_and(|&k| k % per_pack == 0)
             && (kept_strides[..nin].iter()).all(|s| s.last() == Some(&(n_red as isize)));
         let rows = if short_rows { per_pack } else { 0 };
-        if short_rows {
-            chunks = 1;
-        }
         let per_thread = match () {
             _ if columns && aligned(1) => width,
             _ if rows > 0 => rows,
@@ -428,32 +428,36 @@ mod tests {
 
     #[test]
     fn short_rows_one_after_another_are_read_in_packs() {
-        // (rows, n) of float32 (packs of 4) at `address` with row stride `row`, summed over n:
-        // the rows a pack holds, or 0 where the rows are not read in packs.
-        let rows = |shape: [usize; 2], row: isize, address: usize, width: usize| {
+        // (rows, n) of `itemsize` bytes (packs of 16 bytes) at `address` with row stride `row`
+        // elements, summed over n, 132 SMs: (rows a pack holds or 0, chunks).
+        let plan = |shape: [usize; 2], row: isize, address: usize, itemsize: usize| {
             let x = [row, 1];
-            let inputs = [op(&x, address)];
+            let inputs = [Operand {
+                itemsize,
+                ..op(&x, address)
+            }];
             let w = Walk {
                 shape: &shape,
                 axes: &[1],
                 inputs: &inputs,
                 outputs: &[&[1]],
             };
-            let p = ReductionPlan::new(&w, false, true, width, 132).unwrap();
-            assert_eq!((p.group, p.chunks), (1, 1));
+            let p = ReductionPlan::new(&w, false, true, 16 / itemsize, 132).unwrap();
+            assert_eq!(p.group, 1);
             assert_eq!(p.vector, p.rows > 0);
             assert_eq!(p.per_thread, p.rows.max(1) as usize);
-            p.rows
+            (p.rows, p.chunks)
         };
+        let rows = |shape, row, address, itemsize| plan(shape, row, address, itemsize).0;
         assert_eq!(rows([1_000_000, 2], 2, 0, 4), 2);
         assert_eq!(rows([1_000_000, 4], 4, 16, 4), 1);
         assert_eq!(
-            rows([1_000, 16], 16, 0, 2),
+            rows([1_000, 16], 16, 0, 8),
             1,
             "float64: rows of 8 packs of 2"
         );
-        assert_eq!(rows([1_000_000, 2], 2, 0, 8), 4, "bfloat16: 4 rows a pack");
-        assert_eq!(rows([1_000_000, 2], 2, 0, 16), 8, "int8: 8 rows a pack");
+        assert_eq!(rows([1_000_000, 2], 2, 0, 2), 4, "bfloat16: 4 rows a pack");
+        assert_eq!(rows([1_000_000, 2], 2, 0, 1), 8, "int8: 8 rows a pack");
         assert_eq!(rows([1_000, 8], 8, 0, 4), 1);
         // Rows that a pack neither holds whole nor splits whole, rows apart, a pack across the
         // last row, a misaligned first row, a row of one: one thread a row, one at a time.
@@ -463,7 +467,13 @@ mod tests {
         assert_eq!(rows([999, 2], 2, 0, 4), 0);
         assert_eq!(rows([1_000, 2], 2, 8, 4), 0);
         assert_eq!(rows([1_000, 1], 1, 0, 4), 0);
-        assert_eq!(rows([1_000, 2], 2, 0, 1), 0, "complex128 has no packs");
+        assert_eq!(rows([1_000, 2], 2, 0, 16), 0, "complex128 has no packs");
+        // Rows split into chunks (float64 rows of 16, too few to fill the device) keep the
+        // split whatever the address, without packs: the same order, the same bits.
+        let (aligned, shifted) = (plan([5_000, 16], 16, 0, 8), plan([5_000, 16], 16, 8, 8));
+        assert!(aligned.1 > 1, "{aligned:?}");
+        assert_eq!(aligned, shifted);
+        assert_eq!(aligned.0, 0);
     }
 
     #[test]
