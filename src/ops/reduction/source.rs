@@ -328,23 +328,12 @@ mod compile_tests {
             return;
         }
         let (r, sig) = tests::weighted();
-        for group in [1, 32, 256] {
-            for vector in [false, true] {
-                let rows = 0;
-                compiles(&program(
-                    &r,
-                    &sig,
-                    Variant {
-                        group,
-                        vector,
-                        rows,
-                    },
-                ));
-            }
-        }
+        let groups = [1, 32, 256]
+            .into_iter()
+            .flat_map(|g| [(g, false, 0), (g, true, 0)]);
         // Short rows in packs: bfloat16's packs of 8 hold 1, 2 or 4 rows.
-        for rows in [1, 2, 4] {
-            let (group, vector) = (1, true);
+        let rows = [1, 2, 4].into_iter().map(|k| (1, true, k));
+        for (group, vector, rows) in groups.chain(rows) {
             compiles(&program(
                 &r,
                 &sig,
