@@ -39,7 +39,8 @@ pub fn final_group(group: u32) -> u32 {
 const MAX_CHUNKS: usize = 4096;
 /// Packs a thread loads before it folds them (`CBR_UNROLL` in `kernels/reduce.cuh`).
 const UNROLL: usize = 4;
-/// Rows of at most this many elements take one thread each.
+/// Rows of at most this many elements take one thread each (`CBR_SHORT_ROW` in
+/// `kernels/reduce.cuh`, whose short rows in packs read at most this many).
 const SHORT_ROW: usize = 16;
 /// Resident threads per SM: the most an SM holds.
 const THREADS_PER_SM: usize = 2048;
