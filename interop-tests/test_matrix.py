@@ -12,7 +12,6 @@ Every cell proves its claim or ends as one of:
 `--matrix-json PATH` writes every cell's outcome for matrix_report.py.
 """
 
-import contextlib
 import gc
 import statistics
 import time
@@ -185,13 +184,17 @@ def _sleep_on(stream_ptr, device, cycles=SLEEP_CYCLES):
     return ext
 
 
-@contextlib.contextmanager
-def _written_behind_a_sleep(cell, steps, P, stream_ptr, src, ref):
-    """Within: (x, ext), x an array of -7 made for `stream`, into which src is being written
-    there behind a long kernel that still runs (ext: the stream as torch names it), the
-    producer's current stream `stream`. A host slower than the kernel (many workers on few
-    cores) tries again behind one eight times as long: the precondition of the race, not the
-    consumer's behaviour."""
+# What a race's body returns when the long kernel ended before the race was run out.
+_RACE_LOST = object()
+
+
+def _written_behind_a_sleep(cell, steps, P, stream_ptr, src, ref, race, lost):
+    """race(x, ext)'s result, x an array of -7 made for `stream`, into which src is being
+    written there behind a long kernel that still runs (ext: the stream as torch names it), the
+    producer's current stream `stream`. Where the kernel ends first (before the write is handed
+    over, or before race's own step returns: race then returns _RACE_LOST), a host slower than
+    the kernel (many workers on few cores) tries again behind one eight times as long: the
+    precondition of the race, not the consumer's behaviour. Lost twice: AssertionError `lost`."""
     stream, ptr = stream_ptr
     dev, torch = cell.device, m.LIBS["torch"].module
     for cycles in (SLEEP_CYCLES, 8 * SLEEP_CYCLES):
@@ -203,10 +206,11 @@ def _written_behind_a_sleep(cell, steps, P, stream_ptr, src, ref):
         with P.current(stream):
             ext = _sleep_on(ptr, dev, cycles)
             P.write(x, src, stream)
-            if not ext.query():
-                yield x, ext
-                return
-    raise AssertionError("the side stream finished before the hand-over twice: no race to lose")
+            result = _RACE_LOST if ext.query() else race(x, ext)
+        if result is not _RACE_LOST:
+            return result
+        ext.synchronize()
+    raise AssertionError(lost)
 
 
 @pytest.mark.parametrize("cell", _params("stream"))
@@ -244,20 +248,32 @@ def test_stream(cell, request):
 
     stream, ptr = default or P.new_stream(dev)
     src = P.make(ref, dev)
-    with _written_behind_a_sleep(cell, steps, P, (stream, ptr), src, ref) as (x, ext):
-        if cell.stream in ("default", "side"):
-            h = steps.run(cell.producer, "producer", lambda: hand_over(x))
-            got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, dev), h)
-            host = steps.run(cell.consumer, "consumer", lambda: _read_after(C, got, ref))
-        else:
-            capsule = steps.run(
-                cell.producer, "producer", lambda: x.__dlpack__(stream=-1, max_version=(1, 0))
-            )
-            busy = not ext.query()
-            h = m.Fixed(capsule, x.__dlpack_device__())
-            got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, "dlpack", dev))
-            assert busy, "the producer waited for its stream on a stream=-1 export"
-    if cell.stream == "none":
+
+    def handed_over(x, ext):
+        h = steps.run(cell.producer, "producer", lambda: hand_over(x))
+        got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, dev), h)
+        return steps.run(cell.consumer, "consumer", lambda: _read_after(C, got, ref))
+
+    def unordered(x, ext):
+        capsule = steps.run(
+            cell.producer, "producer", lambda: x.__dlpack__(stream=-1, max_version=(1, 0))
+        )
+        if ext.query():
+            # Ended during the export: it waited, or the host was slower than the kernel.
+            return _RACE_LOST
+        h = m.Fixed(capsule, x.__dlpack_device__())
+        return steps.run(cell.consumer, "consumer", lambda: C.consume(h, "dlpack", dev)), ext
+
+    behind = (cell, steps, P, (stream, ptr), src, ref)
+    if cell.stream in ("default", "side"):
+        lost = "the side stream finished before the hand-over twice: no race to lose"
+        host = _written_behind_a_sleep(*behind, handed_over, lost)
+    else:
+        lost = (
+            "the producer waited for its stream on a stream=-1 export (twice, the second time "
+            "behind a kernel eight times as long)"
+        )
+        got, ext = _written_behind_a_sleep(*behind, unordered, lost)
         ext.synchronize()
         host = steps.run(cell.consumer, "consumer", lambda: _read_after(C, got, ref))
     _check(host, ref)
