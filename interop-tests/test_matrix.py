@@ -191,12 +191,14 @@ _RACE_LOST = object()
 def _written_behind_a_sleep(cell, steps, P, stream_ptr, src, ref, race, lost):
     """race(x, ext)'s result, x an array of -7 made for `stream`, into which src is being
     written there behind a long kernel that still runs (ext: the stream as torch names it), the
-    producer's current stream `stream`. Where the kernel ends first (before the write is handed
-    over, or before race's own step returns: race then returns _RACE_LOST), a host slower than
-    the kernel (many workers on few cores) tries again behind one eight times as long: the
-    precondition of the race, not the consumer's behaviour. Lost twice: AssertionError `lost`."""
+    producer's current stream `stream`. Where the kernel ends first (before race runs, or
+    during a step of race's own: race then returns _RACE_LOST), a host slower than the kernel
+    (many workers on few cores) tries again behind one eight times as long: the precondition
+    of the race, not the consumer's behaviour. Lost twice: AssertionError naming where each
+    try was lost; `lost` says what losing in race's own step means."""
     stream, ptr = stream_ptr
     dev, torch = cell.device, m.LIBS["torch"].module
+    where = []
     for cycles in (SLEEP_CYCLES, 8 * SLEEP_CYCLES):
         x = steps.run(
             cell.producer, "producer", lambda: P.make_on(np.full_like(ref, -7.0), dev, stream)
@@ -206,11 +208,13 @@ def _written_behind_a_sleep(cell, steps, P, stream_ptr, src, ref, race, lost):
         with P.current(stream):
             ext = _sleep_on(ptr, dev, cycles)
             P.write(x, src, stream)
-            result = _RACE_LOST if ext.query() else race(x, ext)
+            before = ext.query()
+            result = _RACE_LOST if before else race(x, ext)
         if result is not _RACE_LOST:
             return result
+        where.append("before the hand-over" if before else lost)
         ext.synchronize()
-    raise AssertionError(lost)
+    raise AssertionError(f"the long kernel ended first twice: {'; '.join(where)}")
 
 
 @pytest.mark.parametrize("cell", _params("stream"))
@@ -251,6 +255,8 @@ def test_stream(cell, request):
 
     def handed_over(x, ext):
         h = steps.run(cell.producer, "producer", lambda: hand_over(x))
+        if ext.query():
+            return _RACE_LOST
         got = steps.run(cell.consumer, "consumer", lambda: C.consume(h, cell.protocol, dev), h)
         return steps.run(cell.consumer, "consumer", lambda: _read_after(C, got, ref))
 
@@ -262,18 +268,15 @@ def test_stream(cell, request):
             # Ended during the export: it waited, or the host was slower than the kernel.
             return _RACE_LOST
         h = m.Fixed(capsule, x.__dlpack_device__())
-        return steps.run(cell.consumer, "consumer", lambda: C.consume(h, "dlpack", dev)), ext
+        # x too: the consumer's read comes after the synchronize, outside.
+        return steps.run(cell.consumer, "consumer", lambda: C.consume(h, "dlpack", dev)), ext, x
 
     behind = (cell, steps, P, (stream, ptr), src, ref)
     if cell.stream in ("default", "side"):
-        lost = "the side stream finished before the hand-over twice: no race to lose"
-        host = _written_behind_a_sleep(*behind, handed_over, lost)
+        host = _written_behind_a_sleep(*behind, handed_over, "during the producer's hand-over")
     else:
-        lost = (
-            "the producer waited for its stream on a stream=-1 export (twice, the second time "
-            "behind a kernel eight times as long)"
-        )
-        got, ext = _written_behind_a_sleep(*behind, unordered, lost)
+        lost = "during the stream=-1 export: the producer waited for its stream"
+        got, ext, x = _written_behind_a_sleep(*behind, unordered, lost)
         ext.synchronize()
         host = steps.run(cell.consumer, "consumer", lambda: _read_after(C, got, ref))
     _check(host, ref)
