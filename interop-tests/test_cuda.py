@@ -1117,19 +1117,24 @@ def test_interpreter_exits_cleanly_with_live_exports():
 
 
 def test_operands_still_queued_at_exit_are_released_before_the_interpreter_goes():
+    # Each line in one write: the release runs on cubridge's thread, which may take the GIL
+    # between print's write of a word and of its newline.
     code = (
-        "import cubridge as cb, torch\n"
+        "import cubridge as cb, sys, torch\n"
+        "def say(word):\n"
+        "    sys.stdout.write(word + '\\n')\n"
+        "    sys.stdout.flush()\n"
         "class Cai:\n"
         "    def __init__(self, t):\n"
         "        self.t = t\n"
         "        self.__cuda_array_interface__ = t.__cuda_array_interface__\n"
         "    def __del__(self):\n"
-        "        print('released', flush=True)\n"
+        "        say('released')\n"
         "out = torch.empty(1 << 20, device='cuda')\n"
         "torch.cuda.synchronize()\n"
         "torch.cuda._sleep(int(0.3 * torch.cuda.get_device_properties(0).clock_rate * 1000))\n"
         "cb.add(Cai(torch.ones(1 << 20, device='cuda')), 1.0, out=out)\n"
-        "print('queued', flush=True)\n"
+        "say('queued')\n"
     )
     done = run_child(code)
     assert done.stdout.split() == ["queued", "released"], (done.stdout, done.stderr)
