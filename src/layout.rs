@@ -217,7 +217,7 @@ pub fn element_stride(bytes: i64, itemsize: usize) -> Result<i64> {
 /// DLPack consumers and cubridge take).
 pub fn check_ndim(ndim: i64) -> Result<usize> {
     let n = usize::try_from(ndim).ok().filter(|&n| n <= MAX_NDIM);
-    n.ok_or_else(|| Error::Dims {
+    n.ok_or(Error::Dims {
         ndim,
         max: MAX_NDIM,
     })
