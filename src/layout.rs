@@ -135,50 +135,6 @@ impl<T: Copy + Default + std::fmt::Debug> std::fmt::Debug for Dims<T> {
     }
 }
 
-/// The lowest and highest element offsets (relative to the first element) that `shape` with
-/// `strides` touches, or `None` when it has no elements; one pass (every import checks it, and
-/// every output's overlap check).
-fn span(shape: &[usize], strides: &[isize]) -> Option<(isize, isize)> {
-    let (mut lo, mut hi) = (0isize, 0isize);
-    for (&dim, &stride) in shape.iter().zip(strides) {
-        if dim == 0 {
-            return None;
-        }
-        let reach = stride.saturating_mul(dim as isize - 1);
-        if reach < 0 {
-            lo = lo.saturating_add(reach);
-        } else {
-            hi = hi.saturating_add(reach);
-        }
-    }
-    Some((lo, hi))
-}
-
-/// [`Layout::byte_extent`] of the parts of a layout.
-fn byte_extent(
-    shape: &[usize],
-    strides: &[isize],
-    byte_offset: usize,
-    itemsize: usize,
-) -> Result<Option<(isize, isize)>> {
-    let Some((lo, hi)) = span(shape, strides) else {
-        return Ok(None);
-    };
-    let overflow = || Error::invalid("array extent overflows the address space");
-    let item = isize::try_from(itemsize).map_err(|_| overflow())?;
-    let offset = isize::try_from(byte_offset).map_err(|_| overflow())?;
-    let start = lo
-        .checked_mul(item)
-        .and_then(|v| v.checked_add(offset))
-        .ok_or_else(overflow)?;
-    let end = hi
-        .checked_add(1)
-        .and_then(|v| v.checked_mul(item))
-        .and_then(|v| v.checked_add(offset))
-        .ok_or_else(overflow)?;
-    Ok(Some((start, end)))
-}
-
 /// Row-major strides for `shape`, in place.
 fn c_strides_dims(shape: &[usize]) -> Dims<isize> {
     let mut strides = Dims::from_fn(shape.len(), |_| 0isize);
@@ -390,14 +346,42 @@ impl Layout {
 
     /// The lowest and highest element offsets (relative to the first element) that the layout
     /// touches, or `None` when it has no elements.
+    /// One pass: a dimension of 0 ends it (every import and every output's overlap check asks).
     pub fn element_span(&self) -> Option<(isize, isize)> {
-        span(&self.shape, &self.strides)
+        let (mut lo, mut hi) = (0isize, 0isize);
+        for (&dim, &stride) in self.shape.iter().zip(&self.strides) {
+            if dim == 0 {
+                return None;
+            }
+            let reach = stride.saturating_mul(dim as isize - 1);
+            if reach < 0 {
+                lo = lo.saturating_add(reach);
+            } else {
+                hi = hi.saturating_add(reach);
+            }
+        }
+        Some((lo, hi))
     }
 
     /// The byte range `[start, end)` relative to the buffer start that the layout touches, checked
     /// against overflow; `None` when empty.
     pub fn byte_extent(&self, itemsize: usize) -> Result<Option<(isize, isize)>> {
-        byte_extent(&self.shape, &self.strides, self.byte_offset, itemsize)
+        let Some((lo, hi)) = self.element_span() else {
+            return Ok(None);
+        };
+        let overflow = || Error::invalid("array extent overflows the address space");
+        let item = isize::try_from(itemsize).map_err(|_| overflow())?;
+        let offset = isize::try_from(self.byte_offset).map_err(|_| overflow())?;
+        let start = lo
+            .checked_mul(item)
+            .and_then(|v| v.checked_add(offset))
+            .ok_or_else(overflow)?;
+        let end = hi
+            .checked_add(1)
+            .and_then(|v| v.checked_mul(item))
+            .and_then(|v| v.checked_add(offset))
+            .ok_or_else(overflow)?;
+        Ok(Some((start, end)))
     }
 
     /// Bytes that `numel` elements of `itemsize` take, refused when the count does not fit the
