@@ -32,6 +32,51 @@ def test_numpy_operands_of_every_type_code(code):
     np.testing.assert_array_equal(r.to_numpy(), a.T + b[0, 1])
 
 
+class _Nested:
+    """A DLPack producer whose export runs cubridge calls on numpy arrays `depth` deep: each level
+    holds its own numpy operands (lent for the call) while the next one runs, until the lent
+    views run out and the next level's are held as any import is."""
+
+    def __init__(self, depth, log):
+        self.depth, self.log = depth, log
+        self.x = np.arange(6, dtype=np.float32) * (depth + 1)
+
+    def __dlpack__(self, **kwargs):
+        a = np.full(6, self.depth, np.float32)
+        out = np.empty(6, np.float32)
+        inner = _Nested(self.depth - 1, self.log) if self.depth else self.x
+        cb.add(a, inner, out=out)
+        self.log.append((self.depth, out.copy(), a + np.asarray(inner.x if self.depth else inner)))
+        return self.x.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.x.__dlpack_device__()
+
+
+def test_numpy_operands_of_nested_calls_and_more_than_are_lent():
+    # add and sum lend numpy operands for the call (no reference, no allocation); calls nested
+    # in a producer's export, eleven deep (more operands than there are lent views), each read and
+    # write their own operands.
+    log = []
+    top = _Nested(10, log)
+    a = np.arange(6, dtype=np.float32)
+    out = np.empty(6, np.float32)
+    assert cb.add(a, top, out=out) is out
+    np.testing.assert_array_equal(out, a + top.x)
+    assert [d for d, _, _ in log] == list(range(11))
+    for _, got, want in log:
+        np.testing.assert_array_equal(got, want)
+    # No reference to the operands outlives the call (nor is one taken for it).
+    import sys
+
+    refs = [sys.getrefcount(x) for x in (a, out)]
+    for _ in range(3):
+        cb.add(a, a, out=out)
+        cb.sum(a, out=np.empty((), np.float32))
+    assert [sys.getrefcount(x) for x in (a, out)] == refs
+    np.testing.assert_array_equal(cb.sum(a).to_numpy(), a.sum())
+
+
 def test_numpy_layouts_the_short_way_leaves_to_the_buffer_protocol():
     # Nine dimensions, a field of a structured array (strides not whole elements), a
     # byte-swapped array: answered as before the short way existed.

@@ -164,7 +164,13 @@ impl Array {
         let held: Vec<crate::cuda::release::KeepAlive> = arrays
             .into_iter()
             .filter(|a| !a.as_ref().buffer.record_kernel(stream, event.clone()))
-            .map(|a| a.as_ref().buffer.clone() as crate::cuda::release::KeepAlive)
+            .map(|a| {
+                debug_assert!(
+                    !a.as_ref().buffer.is_lent(),
+                    "memory lent for a call in CUDA work"
+                );
+                a.as_ref().buffer.clone() as crate::cuda::release::KeepAlive
+            })
             .collect();
         if !held.is_empty() {
             (services().keep_alive)(event, held, stream, ordinal);

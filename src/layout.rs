@@ -89,18 +89,21 @@ impl<T: Copy + Default> FromIterator<T> for Dims<T> {
 impl<T: Copy + Default> std::ops::Deref for Dims<T> {
     type Target = [T];
 
+    #[inline]
     fn deref(&self) -> &[T] {
         match self {
-            Dims::Inline(n, values) => &values[..*n as usize],
+            // `min`: no bounds check to branch on (constructors keep n within INLINE_DIMS).
+            Dims::Inline(n, values) => &values[..(*n as usize).min(INLINE_DIMS)],
             Dims::Heap(values) => values,
         }
     }
 }
 
 impl<T: Copy + Default> std::ops::DerefMut for Dims<T> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [T] {
         match self {
-            Dims::Inline(n, values) => &mut values[..*n as usize],
+            Dims::Inline(n, values) => &mut values[..(*n as usize).min(INLINE_DIMS)],
             Dims::Heap(values) => values,
         }
     }
@@ -172,11 +175,13 @@ pub fn element_stride(bytes: i64, itemsize: usize) -> Result<i64> {
 /// `ndim` as a number of dimensions, refused where negative or more than [`MAX_NDIM`] (what
 /// DLPack consumers and cubridge take).
 pub fn check_ndim(ndim: i64) -> Result<usize> {
-    let n = usize::try_from(ndim).ok().filter(|&n| n <= MAX_NDIM);
-    n.ok_or(Error::Dims {
-        ndim,
-        max: MAX_NDIM,
-    })
+    match usize::try_from(ndim) {
+        Ok(n) if n <= MAX_NDIM => Ok(n),
+        _ => Err(Error::Dims {
+            ndim,
+            max: MAX_NDIM,
+        }),
+    }
 }
 
 /// Refuses strides that are not one per dimension of the shape.
@@ -347,6 +352,7 @@ impl Layout {
     /// The lowest and highest element offsets (relative to the first element) that the layout
     /// touches, or `None` when it has no elements.
     /// One pass: a dimension of 0 ends it (every import and every output's overlap check asks).
+    #[inline]
     pub fn element_span(&self) -> Option<(isize, isize)> {
         let (mut lo, mut hi) = (0isize, 0isize);
         for (&dim, &stride) in self.shape.iter().zip(&self.strides) {
@@ -365,6 +371,7 @@ impl Layout {
 
     /// The byte range `[start, end)` relative to the buffer start that the layout touches, checked
     /// against overflow; `None` when empty.
+    #[inline]
     pub fn byte_extent(&self, itemsize: usize) -> Result<Option<(isize, isize)>> {
         let Some((lo, hi)) = self.element_span() else {
             return Ok(None);

@@ -92,6 +92,10 @@ pub enum Owner {
     /// Memory that another library owns; dropping this value releases it (calls the DLPack
     /// deleter, releases the Python buffer, or drops the reference to the producer).
     Foreign(Keepalive),
+    /// Host memory lent for one call by the caller, which keeps it valid (a Python argument):
+    /// nothing is held or released, and every array over it is gone before the call returns
+    /// ([`lend`]).
+    Lent,
 }
 
 /// What keeps foreign memory valid: any value, boxed; or, held inline so that an import
@@ -187,6 +191,11 @@ impl Buffer {
             last_write: std::sync::Mutex::new(None),
             consumers: Default::default(),
         }
+    }
+
+    /// Whether this is memory lent for the current call ([`lend`]).
+    pub fn is_lent(&self) -> bool {
+        matches!(self.owner, Owner::Lent)
     }
 
     /// The base address (array data lives at `ptr + layout.byte_offset()`).
@@ -314,6 +323,52 @@ impl Buffer {
     }
 }
 
+/// Buffers of memory lent for a call, kept per thread: a call lends each of its host operands
+/// one that no array uses any longer (repointed), so that such an import allocates and frees
+/// nothing. Three operands a call, and nested calls, fit.
+const LENT_SLOTS: usize = 8;
+
+thread_local! {
+    static LENT: std::cell::RefCell<[Option<Arc<Buffer>>; LENT_SLOTS]> =
+        const { std::cell::RefCell::new([const { None }; LENT_SLOTS]) };
+}
+
+/// A buffer over host memory at `ptr` that its caller lends for the length of one call, holding
+/// nothing; `None` when this thread's lent buffers are all in use (the caller then holds the
+/// memory's owner as for any import).
+///
+/// # Safety
+/// The memory at `ptr` stays valid while any array over the returned buffer lives, and the
+/// caller drops every such array before the memory's owner may let it go (before the call that
+/// lent it returns): no array over it is returned, exported, or handed to CUDA work.
+pub unsafe fn lend(ptr: *mut u8) -> Option<Arc<Buffer>> {
+    LENT.with(|slots| {
+        let mut slots = slots.try_borrow_mut().ok()?;
+        for slot in slots.iter_mut() {
+            let Some(held) = slot else {
+                let buffer = Arc::new(Buffer {
+                    ptr,
+                    owner: Owner::Lent,
+                    last_write: std::sync::Mutex::new(None),
+                    consumers: Default::default(),
+                });
+                *slot = Some(buffer.clone());
+                return Some(buffer);
+            };
+            // No array uses this one any longer: repointed, as new.
+            if let Some(buffer) = Arc::get_mut(held) {
+                buffer.ptr = ptr;
+                *buffer
+                    .last_write
+                    .get_mut()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
+                return Some(held.clone());
+            }
+        }
+        None
+    })
+}
+
 /// Lets go of a view's producer (`held`) once the consumers' work queued so far has run: on
 /// the releaser after an event on each declared stream, or after the whole device where a
 /// stream is unknown or takes no event (destroyed, capturing). Never waits on the host.
@@ -346,6 +401,9 @@ fn release_after(held: Box<dyn Any + Send + Sync>, consumers: &Consumers) {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if let Owner::Lent = self.owner {
+            return;
+        }
         if let Owner::Foreign(held) = &mut self.owner {
             let consumers = self.consumers.get_mut().unwrap_or_else(|p| p.into_inner());
             if consumers.any() {
@@ -396,6 +454,39 @@ mod tests {
     fn impossible_allocation_is_an_error_not_an_abort() {
         let e = HostAlloc::new(usize::MAX - 8, false).err().unwrap();
         assert!(matches!(e, Error::OutOfMemory { .. }));
+    }
+
+    #[test]
+    fn lent_buffers_are_reused_once_free_and_run_out() {
+        let data = [0u8; 16];
+        let at = |k: usize| data[k..].as_ptr().cast_mut();
+        // SAFETY: `data` outlives every buffer lent here, all dropped in this scope.
+        let first = unsafe { lend(at(0)) }.unwrap();
+        assert!(first.is_lent() && first.ptr() == at(0));
+        let slot = Arc::as_ptr(&first);
+        drop(first);
+        // SAFETY: as above.
+        let again = unsafe { lend(at(4)) }.unwrap();
+        assert_eq!(
+            Arc::as_ptr(&again),
+            slot,
+            "a free slot is repointed, not reallocated"
+        );
+        assert_eq!(again.ptr(), at(4));
+        // SAFETY: as above.
+        let mut held: Vec<_> = (1..LENT_SLOTS)
+            .map(|k| unsafe { lend(at(k)) }.unwrap())
+            .collect();
+        assert!(
+            held.iter().all(|b| Arc::as_ptr(b) != slot),
+            "a slot in use is not lent"
+        );
+        // SAFETY: as above.
+        assert!(unsafe { lend(at(9)) }.is_none(), "every slot in use");
+        held.pop();
+        // SAFETY: as above.
+        assert!(unsafe { lend(at(9)) }.is_some());
+        drop(again);
     }
 
     #[test]

@@ -87,19 +87,38 @@ impl Checked {
         // come from the producer.
         unsafe { Array::from_parts(buffer, self.layout, self.dtype, self.device, self.readonly) }
     }
+
+    /// The view over host memory that the caller lends for the length of one call, holding
+    /// nothing ([`crate::storage::lend`]); the checked descriptor back when this thread has no
+    /// lent buffer free.
+    ///
+    /// # Safety
+    /// As [`crate::storage::lend`]'s: the memory stays valid while the view (or any array made
+    /// from it) lives, and all are dropped before the call that lent the memory returns.
+    pub unsafe fn into_lent(self) -> std::result::Result<Array, Checked> {
+        // SAFETY: the caller's contract.
+        let Some(buffer) = (unsafe { crate::storage::lend(self.ptr) }) else {
+            return Err(self);
+        };
+        // SAFETY: as in `into_array`; the caller keeps the memory valid while the view lives.
+        Ok(unsafe {
+            Array::from_parts(buffer, self.layout, self.dtype, self.device, self.readonly)
+        })
+    }
 }
 
 /// Checks every field of a descriptor (see [`from_descriptor`]).
 pub fn check(d: &Descriptor<'_>) -> Result<Checked> {
     let itemsize = d.dtype.itemsize();
     let layout = Layout::from_untrusted(d.shape, d.strides, 0, itemsize)?;
-    layout.checked_nbytes(itemsize)?;
+    let nbytes = layout.checked_nbytes(itemsize)?;
     let first = d
         .data
         .checked_add(usize::try_from(d.byte_offset).unwrap_or(usize::MAX))
         .ok_or_else(|| Error::invalid("data pointer plus byte_offset overflows"))?;
     let mut ptr = first as *mut u8;
-    if layout.numel() == 0 {
+    // Every itemsize is at least one byte: no bytes, no elements.
+    if nbytes == 0 {
         // Producers may hand NULL for empty arrays; consumers of ours get an aligned address.
         if ptr.is_null() {
             ptr = HOST_ALIGN as *mut u8;

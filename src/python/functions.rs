@@ -5,7 +5,7 @@ use super::import::{
     numpy_default, python_scalar, typed_numpy_scalar, widest,
 };
 use super::operands::{
-    take_arrays,
+    lend_arrays,
     Access::{Read, Write},
 };
 use super::stream::Use;
@@ -324,7 +324,12 @@ pub fn add(
         out,
     ];
     let mut arrays: [Option<Array>; 3] = [None, None, None];
-    let (kernel_stream, waits) = take_arrays(&objs, &[Read, Read, Write], explicit, &mut arrays)?;
+    // SAFETY: the objects are this call's arguments, and the arrays go before it returns: the
+    // kernel consumes them, its result is a new array or `out`'s (dropped below, `out` itself
+    // returned), and a host array's add runs on the host, within the call (a CUDA device with
+    // a host array is refused).
+    let (kernel_stream, waits) =
+        unsafe { lend_arrays(&objs, &[Read, Read, Write], explicit, &mut arrays)? };
     let [array_a, array_b, out_array] = arrays;
     let (x, y) = add_inputs([array_a, array_b], [scalar_a, scalar_b])?;
     let y_host = match &y {

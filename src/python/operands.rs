@@ -150,6 +150,39 @@ pub(crate) fn take_arrays(
     explicit: Option<Stream>,
     arrays: &mut [Option<Array>],
 ) -> PyResult<(Stream, Waits)> {
+    // SAFETY: nothing is lent.
+    unsafe { take(objs, access, explicit, arrays, false) }
+}
+
+/// As [`take_arrays`], but numpy arrays come as views lent for the call
+/// ([`super::import::ndarray::lend`]): no reference held, no allocation.
+///
+/// # Safety
+/// `objs` are the current call's arguments (its caller keeps them alive until it returns), and
+/// every array taken, and every array made from one, is dropped before the call returns: none is
+/// returned to Python, exported, kept, or handed to CUDA work (a host array's kernel runs on
+/// the host, within the call).
+pub(crate) unsafe fn lend_arrays(
+    objs: &[Option<&Bound<'_, PyAny>>],
+    access: &[Access],
+    explicit: Option<Stream>,
+    arrays: &mut [Option<Array>],
+) -> PyResult<(Stream, Waits)> {
+    // SAFETY: the caller's contract.
+    unsafe { take(objs, access, explicit, arrays, true) }
+}
+
+/// [`take_arrays`], numpy arrays lent where `lend` ([`lend_arrays`]).
+///
+/// # Safety
+/// Where `lend`, [`lend_arrays`]'s contract.
+unsafe fn take(
+    objs: &[Option<&Bound<'_, PyAny>>],
+    access: &[Access],
+    explicit: Option<Stream>,
+    arrays: &mut [Option<Array>],
+    lend: bool,
+) -> PyResult<(Stream, Waits)> {
     let mut producers: Waits = Vec::new();
     // The current stream of a producer that does not hand its work over (CuPy's).
     let mut current: Option<Stream> = None;
@@ -168,7 +201,12 @@ pub(crate) fn take_arrays(
             arrays[k] = Some(a.get().inner.clone());
             continue;
         }
-        if let Some(array) = super::import::ndarray::import(obj) {
+        let numpys = match lend {
+            // SAFETY: the caller's contract.
+            true => unsafe { super::import::ndarray::lend(obj) },
+            false => super::import::ndarray::import(obj),
+        };
+        if let Some(array) = numpys {
             arrays[k] = Some(array);
             continue;
         }

@@ -3,7 +3,7 @@
 //! `ops::reduction`.
 
 use super::kernels::{call_operands, returned, CallOperands};
-use super::operands::{take_arrays, Access};
+use super::operands::{lend_arrays, Access};
 use super::types::{parse_optional_dtype, PyArray};
 use crate::cpu::reduce::Op;
 use crate::error::Error;
@@ -173,12 +173,17 @@ fn reduce(
     let axis = parse_axis(axis)?;
     let dtype = parse_optional_dtype(dtype)?;
     let mut arrays: [Option<crate::Array>; 2] = [None, None];
-    let (stream, waits) = take_arrays(
-        &[Some(x), out],
-        &[Access::Read, Access::Write],
-        explicit,
-        &mut arrays,
-    )?;
+    // SAFETY: `x` and `out` are this call's arguments, and the arrays go before it returns: the
+    // result is a new array or `out`'s (`out` itself returned), and a host array's reduction
+    // runs on the host, within the call (a CUDA device with a host array is refused).
+    let (stream, waits) = unsafe {
+        lend_arrays(
+            &[Some(x), out],
+            &[Access::Read, Access::Write],
+            explicit,
+            &mut arrays,
+        )?
+    };
     let [Some(x_array), out_array] = arrays else {
         return Err(Error::wrong_type("cubridge cannot read the array").into());
     };

@@ -27,6 +27,7 @@ pub struct PyArray {
 impl PyArray {
     /// Wraps `inner` for Python.
     pub fn new(inner: Array) -> Self {
+        debug_assert!(!inner.buffer().is_lent(), "memory lent for a call returned");
         PyArray { inner }
     }
 }

@@ -12,7 +12,8 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::layout::MAX_DIMS;
 use crate::python::Holder;
-use crate::view::{check, Descriptor};
+use crate::storage::Keepalive;
+use crate::view::{check, Checked, Descriptor};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::ffi::{c_char, c_int};
@@ -79,6 +80,31 @@ fn dtype_of(type_char: u8) -> Option<DType> {
 /// and for what this reading does not cover (another dtype or byte order, strides that are not whole
 /// elements, more than [`MAX_DIMS`] dimensions), which the buffer protocol then answers.
 pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
+    // SAFETY: numpy keeps an array's memory valid while the array lives (and refuses to resize
+    // one that others reference); the view holds a strong reference to it.
+    Some(unsafe { checked(obj)?.into_array(Keepalive::Object(Holder::new(obj))) })
+}
+
+/// As [`import`], but a view lent for the length of one call where this thread has a lent
+/// buffer free ([`crate::storage::lend`]): it holds no reference to `obj`, and costs no
+/// allocation.
+///
+/// # Safety
+/// `obj` is an argument of the current call, which its caller keeps alive until the call
+/// returns, and every array over the view is dropped before then (none is returned, exported
+/// or handed to CUDA work).
+pub unsafe fn lend(obj: &Bound<'_, PyAny>) -> Option<Array> {
+    // SAFETY: the caller keeps `obj`, and with it numpy's memory, alive past every use of the
+    // view (numpy refuses to resize an array that a caller's frame still references).
+    match unsafe { checked(obj)?.into_lent() } {
+        Ok(lent) => Some(lent),
+        // SAFETY: as in `import`.
+        Err(checked) => Some(unsafe { checked.into_array(Keepalive::Object(Holder::new(obj))) }),
+    }
+}
+
+/// `obj`'s fields checked for a view, if it is exactly a `numpy.ndarray` this reading covers.
+fn checked(obj: &Bound<'_, PyAny>) -> Option<Checked> {
     if !super::is_numpy_ndarray(obj) {
         return None;
     }
@@ -105,7 +131,7 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
         shape[k] = d as i64;
         strides[k] = crate::layout::element_stride(s as i64, dtype.itemsize()).ok()?;
     }
-    let checked = check(&Descriptor {
+    check(&Descriptor {
         data: fields.data as usize,
         byte_offset: 0,
         shape: &shape[..ndim],
@@ -115,10 +141,7 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
         readonly: fields.flags & WRITEABLE == 0,
         len_bytes: None,
     })
-    .ok()?;
-    // SAFETY: numpy keeps an array's memory valid while the array lives (and refuses to resize
-    // one that others reference); the view holds a strong reference to it.
-    Some(unsafe { checked.into_array(crate::storage::Keepalive::Object(Holder::new(obj))) })
+    .ok()
 }
 
 /// The value and dtype of `obj` if it is a 0-d `numpy.ndarray` of a dtype read here (numpy
