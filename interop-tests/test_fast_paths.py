@@ -66,7 +66,7 @@ def test_numpy_operands_of_nested_calls_and_more_than_are_lent():
     assert [d for d, _, _ in log] == list(range(11))
     for _, got, want in log:
         np.testing.assert_array_equal(got, want)
-    # No reference to the operands outlives the call (nor is one taken for it).
+    # No reference to the operands outlives the call.
     import sys
 
     refs = [sys.getrefcount(x) for x in (a, out)]
@@ -75,6 +75,62 @@ def test_numpy_operands_of_nested_calls_and_more_than_are_lent():
         cb.sum(a, out=np.empty((), np.float32))
     assert [sys.getrefcount(x) for x in (a, out)] == refs
     np.testing.assert_array_equal(cb.sum(a).to_numpy(), a.sum())
+
+
+class _Resizer:
+    """A DLPack producer whose export tries to resize (reallocate) a numpy operand of the same
+    call that nothing else references any longer."""
+
+    def __init__(self, n):
+        self.victim = np.full(n, 7.0)
+        self.x = np.arange(n, dtype=np.float64)
+        self.refused = None
+
+    def __dlpack__(self, **kwargs):
+        try:
+            # One expression: no reference but the call's own and the resize's.
+            self.__dict__.pop("victim").resize((16,), refcheck=True)
+            self.refused = False
+        except ValueError:
+            self.refused = True
+        return self.x.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.x.__dlpack_device__()
+
+
+@pytest.mark.parametrize("op", ["add", "sum"])
+def test_numpy_operands_cannot_be_resized_while_a_call_uses_them(op):
+    # Python code runs within a call (a later operand's export here; another thread while the
+    # interpreter is let go): an operand in use stays referenced, so numpy refuses to move its
+    # memory, as it refuses for any array referenced elsewhere.
+    n = 1 << 16
+    w = _Resizer(n)
+    out = np.empty(n)
+    if op == "add":
+        cb.add(w.victim, w, out=out)
+        np.testing.assert_array_equal(out, 7.0 + w.x)
+    else:
+        # The export runs for `out`, after `x` was taken.
+        got = np.empty((), np.float64)
+        w.x = np.empty((), np.float64)
+        cb.sum(w.victim, out=_ExportOf(w, got))
+        assert got == 7.0 * n
+    assert w.refused is True
+
+
+class _ExportOf:
+    """`target`'s DLPack export, after `resizer`'s (which tries its resize)."""
+
+    def __init__(self, resizer, target):
+        self.resizer, self.target = resizer, target
+
+    def __dlpack__(self, **kwargs):
+        self.resizer.__dlpack__(**kwargs)
+        return self.target.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.target.__dlpack_device__()
 
 
 def test_numpy_layouts_the_short_way_leaves_to_the_buffer_protocol():

@@ -156,7 +156,7 @@ impl Consumers {
     }
 }
 
-// SAFETY: the pointer is only an address; its owner is Send + Sync (both Owner variants are), and
+// SAFETY: the pointer is only an address; its owner is Send + Sync (every Owner variant is), and
 // reads and writes through it are ordered by the operations that use it.
 unsafe impl Send for Buffer {}
 // SAFETY: as above.
@@ -342,7 +342,8 @@ thread_local! {
 /// caller drops every such array before the memory's owner may let it go (before the call that
 /// lent it returns): no array over it is returned, exported, or handed to CUDA work.
 pub unsafe fn lend(ptr: *mut u8) -> Option<Arc<Buffer>> {
-    LENT.with(|slots| {
+    // `try_with`: none while the thread's locals are torn down.
+    let lent = LENT.try_with(|slots| {
         let mut slots = slots.try_borrow_mut().ok()?;
         for slot in slots.iter_mut() {
             let Some(held) = slot else {
@@ -366,7 +367,8 @@ pub unsafe fn lend(ptr: *mut u8) -> Option<Arc<Buffer>> {
             }
         }
         None
-    })
+    });
+    lent.ok().flatten()
 }
 
 /// Lets go of a view's producer (`held`) once the consumers' work queued so far has run: on
@@ -464,6 +466,10 @@ mod tests {
         let first = unsafe { lend(at(0)) }.unwrap();
         assert!(first.is_lent() && first.ptr() == at(0));
         let slot = Arc::as_ptr(&first);
+        first.record_write(Write {
+            stream: crate::cuda::stream::LEGACY,
+            event: None,
+        });
         drop(first);
         // SAFETY: as above.
         let again = unsafe { lend(at(4)) }.unwrap();
@@ -473,6 +479,10 @@ mod tests {
             "a free slot is repointed, not reallocated"
         );
         assert_eq!(again.ptr(), at(4));
+        assert!(
+            again.last_write().is_none(),
+            "a repointed buffer forgets its last write"
+        );
         // SAFETY: as above.
         let mut held: Vec<_> = (1..LENT_SLOTS)
             .map(|k| unsafe { lend(at(k)) }.unwrap())

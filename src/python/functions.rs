@@ -323,11 +323,13 @@ pub fn add(
         Some(b).filter(|_| scalar_b.is_none()),
         out,
     ];
+    // Held until the arrays lent from them below are gone (declared first: dropped last).
+    let _held = (a.clone(), b.clone(), out.cloned());
     let mut arrays: [Option<Array>; 3] = [None, None, None];
-    // SAFETY: the objects are this call's arguments, and the arrays go before it returns: the
-    // kernel consumes them, its result is a new array or `out`'s (dropped below, `out` itself
-    // returned), and a host array's add runs on the host, within the call (a CUDA device with
-    // a host array is refused).
+    // SAFETY: `_held` references the objects, and the arrays go before it: the kernel consumes
+    // them, its result is a new array or `out`'s (dropped below, `out` itself returned), and a
+    // host array's add runs on the host, within the call (a CUDA device with a host array is
+    // refused).
     let (kernel_stream, waits) =
         unsafe { lend_arrays(&objs, &[Read, Read, Write], explicit, &mut arrays)? };
     let [array_a, array_b, out_array] = arrays;

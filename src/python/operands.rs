@@ -158,10 +158,12 @@ pub(crate) fn take_arrays(
 /// ([`super::import::ndarray::lend`]): no reference held, no allocation.
 ///
 /// # Safety
-/// `objs` are the current call's arguments (its caller keeps them alive until it returns), and
-/// every array taken, and every array made from one, is dropped before the call returns: none is
-/// returned to Python, exported, kept, or handed to CUDA work (a host array's kernel runs on
-/// the host, within the call).
+/// The caller holds a strong reference to each of `objs` until every array taken, and every
+/// array made from one, is dropped, which happens before the call returns: none is returned to
+/// Python, exported, kept, or handed to CUDA work (a host array's kernel runs on the host,
+/// within the call). Python code may run meanwhile (a later operand's export, another thread
+/// while the interpreter is let go): the reference keeps numpy from resizing an array in use,
+/// as the one a held view takes does.
 pub(crate) unsafe fn lend_arrays(
     objs: &[Option<&Bound<'_, PyAny>>],
     access: &[Access],

@@ -172,10 +172,12 @@ fn reduce(
     let out = out.filter(|o| !o.is_none());
     let axis = parse_axis(axis)?;
     let dtype = parse_optional_dtype(dtype)?;
+    // Held until the arrays lent from them below are gone (declared first: dropped last).
+    let _held = (x.clone(), out.cloned());
     let mut arrays: [Option<crate::Array>; 2] = [None, None];
-    // SAFETY: `x` and `out` are this call's arguments, and the arrays go before it returns: the
-    // result is a new array or `out`'s (`out` itself returned), and a host array's reduction
-    // runs on the host, within the call (a CUDA device with a host array is refused).
+    // SAFETY: `_held` references `x` and `out`, and the arrays go before it: the result is a
+    // new array or `out`'s (`out` itself returned), and a host array's reduction runs on the
+    // host, within the call (a CUDA device with a host array is refused).
     let (stream, waits) = unsafe {
         lend_arrays(
             &[Some(x), out],

@@ -90,12 +90,13 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
 /// allocation.
 ///
 /// # Safety
-/// `obj` is an argument of the current call, which its caller keeps alive until the call
-/// returns, and every array over the view is dropped before then (none is returned, exported
-/// or handed to CUDA work).
+/// The caller holds a strong reference to `obj` until every array over the view is dropped,
+/// which happens before the current call returns (none is returned, exported or handed to CUDA
+/// work).
 pub unsafe fn lend(obj: &Bound<'_, PyAny>) -> Option<Array> {
-    // SAFETY: the caller keeps `obj`, and with it numpy's memory, alive past every use of the
-    // view (numpy refuses to resize an array that a caller's frame still references).
+    // SAFETY: the caller's reference keeps `obj`, and with it numpy's memory, alive past every
+    // use of the view; numpy refuses to resize an array referenced beyond its user's own, as
+    // this one is.
     match unsafe { checked(obj)?.into_lent() } {
         Ok(lent) => Some(lent),
         // SAFETY: as in `import`.
