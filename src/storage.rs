@@ -99,10 +99,13 @@ pub enum Owner {
 }
 
 /// What keeps foreign memory valid: any value, boxed; or, held inline so that an import
-/// allocates nothing for it, a reference to the Python object that owns the memory.
+/// allocates nothing for it, a DLPack producer's deleter or a reference to the Python object
+/// that owns the memory.
 pub enum Keepalive {
     /// Any value; dropping it releases the memory.
     Boxed(Box<dyn Any + Send + Sync>),
+    /// A DLPack managed tensor's deleter, run when this is dropped.
+    Deleter(dlpark::AllocationDeleter),
     /// A strong reference to the producer's Python object.
     #[cfg(feature = "python")]
     Object(crate::python::Holder),
@@ -113,6 +116,7 @@ impl Keepalive {
     fn into_boxed(self) -> Box<dyn Any + Send + Sync> {
         match self {
             Keepalive::Boxed(held) => held,
+            Keepalive::Deleter(deleter) => Box::new(deleter),
             #[cfg(feature = "python")]
             Keepalive::Object(holder) => Box::new(holder),
         }

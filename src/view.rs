@@ -171,7 +171,7 @@ pub fn from_managed<M: ManagedTensorBase>(managed: Managed<M>) -> Result<Array> 
     let checked = check_tensor(&managed.validate().map_err(invalid_tensor)?, readonly)?;
     // SAFETY: DLPack's contract: the memory stays valid until the deleter runs, which happens when
     // the boxed AllocationDeleter is dropped.
-    Ok(unsafe { checked.into_array(Keepalive::Boxed(Box::new(managed.into_deleter()))) })
+    Ok(unsafe { checked.into_array(Keepalive::Deleter(managed.into_deleter())) })
 }
 
 /// Checks a DLPack tensor lent for the duration of a call (no managed tensor, no flags), for a

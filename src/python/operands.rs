@@ -203,13 +203,13 @@ unsafe fn take(
             arrays[k] = Some(a.get().inner.clone());
             continue;
         }
-        let numpys = match lend {
+        // Written in place: an array is large enough that moving it costs.
+        arrays[k] = match lend {
             // SAFETY: the caller's contract.
             true => unsafe { super::import::ndarray::lend(obj) },
             false => super::import::ndarray::import(obj),
         };
-        if let Some(array) = numpys {
-            arrays[k] = Some(array);
+        if arrays[k].is_some() {
             continue;
         }
         let Some(e) = exchanged(obj, Use::Immediate, &mut streams).or_else(|| lent_cai(obj)) else {
