@@ -18,6 +18,10 @@ pub struct Layout {
     shape: Dims<usize>,
     strides: Dims<isize>,
     byte_offset: usize,
+    /// The element count and C-contiguity, worked out once: a call asks for them several
+    /// times an operand.
+    numel: usize,
+    contiguous: bool,
 }
 
 /// Dimensions a [`Dims`] holds in place; more go to the heap.
@@ -138,6 +142,50 @@ impl<T: Copy + Default + std::fmt::Debug> std::fmt::Debug for Dims<T> {
     }
 }
 
+/// `span` (the lowest and highest element offsets reached) widened by a dimension of `dim`
+/// elements `stride` apart, saturating (an extent that large is refused after).
+#[inline]
+fn widen((lo, hi): (isize, isize), dim: usize, stride: isize) -> (isize, isize) {
+    let reach = stride.saturating_mul((dim as isize).saturating_sub(1));
+    match reach < 0 {
+        true => (lo.saturating_add(reach), hi),
+        false => (lo, hi.saturating_add(reach)),
+    }
+}
+
+/// The byte range `[start, end)` from the buffer start that the element offsets `span`
+/// reach, for elements of `itemsize` bytes from `byte_offset`, checked against overflow.
+#[inline]
+fn extent_bytes(
+    (lo, hi): (isize, isize),
+    itemsize: usize,
+    byte_offset: usize,
+) -> Result<(isize, isize)> {
+    let item = isize::try_from(itemsize).ok();
+    let offset = isize::try_from(byte_offset).ok();
+    let reach = item.zip(offset).and_then(|(item, offset)| {
+        let start = lo.checked_mul(item)?.checked_add(offset)?;
+        let end = hi.checked_add(1)?.checked_mul(item)?.checked_add(offset)?;
+        Some((start, end))
+    });
+    reach.ok_or_else(|| Error::invalid("array extent overflows the address space"))
+}
+
+/// Whether `strides` are row-major for `shape`, ignoring the strides of size-1 dimensions.
+fn c_contiguous(shape: &[usize], strides: &[isize]) -> bool {
+    let mut expected: isize = 1;
+    for (&dim, &stride) in shape.iter().zip(strides).rev() {
+        if dim == 1 {
+            continue;
+        }
+        if stride != expected {
+            return false;
+        }
+        expected = expected.wrapping_mul(dim as isize);
+    }
+    true
+}
+
 /// Row-major strides for `shape`, in place.
 fn c_strides_dims(shape: &[usize]) -> Dims<isize> {
     let mut strides = Dims::from_fn(shape.len(), |_| 0isize);
@@ -241,24 +289,26 @@ impl Layout {
     /// A C-contiguous layout for `shape` starting at byte 0.
     pub fn contiguous(shape: &[usize]) -> Result<Layout> {
         check_ndim(shape.len() as i64)?;
-        checked_numel(shape)?;
-        Ok(Layout {
-            shape: Dims::from_slice(shape),
-            strides: c_strides_dims(shape),
-            byte_offset: 0,
-        })
+        let numel = checked_numel(shape)?;
+        Ok(Layout::of_parts(
+            Dims::from_slice(shape),
+            c_strides_dims(shape),
+            0,
+            numel,
+        ))
     }
 
     /// A layout from trusted parts (shape and strides of equal length).
     pub fn new(shape: Vec<usize>, strides: Vec<isize>, byte_offset: usize) -> Result<Layout> {
         check_strides_len(shape.len(), strides.len())?;
         check_ndim(shape.len() as i64)?;
-        checked_numel(&shape)?;
-        Ok(Layout {
-            shape: Dims::from_vec(shape),
-            strides: Dims::from_vec(strides),
+        let numel = checked_numel(&shape)?;
+        Ok(Layout::of_parts(
+            Dims::from_vec(shape),
+            Dims::from_vec(strides),
             byte_offset,
-        })
+            numel,
+        ))
     }
 
     /// Validates a layout read from an untrusted descriptor (DLPack, CAI, buffer protocol):
@@ -270,40 +320,51 @@ impl Layout {
         byte_offset: u64,
         itemsize: usize,
     ) -> Result<Layout> {
-        check_ndim(shape.len() as i64)?;
-        // Every value is checked before any is converted, so that the conversions below are
-        // exact and the layout is built in place (every import passes here).
-        if let Some((axis, &d)) = shape
-            .iter()
-            .enumerate()
-            .find(|(_, &d)| usize::try_from(d).is_err())
-        {
-            return Err(Error::invalid(format!(
-                "shape[{axis}] is negative or too large: {d}"
-            )));
+        let ndim = check_ndim(shape.len() as i64)?;
+        if let Some(s) = strides {
+            check_strides_len(ndim, s.len())?;
         }
-        let dims = Dims::from_fn(shape.len(), |k| shape[k] as usize);
-        let strides = match strides {
-            None => c_strides_dims(&dims),
-            Some(s) => {
-                check_strides_len(dims.len(), s.len())?;
-                if let Some(&v) = s.iter().find(|&&v| isize::try_from(v).is_err()) {
-                    return Err(Error::invalid(format!("stride {v} does not fit in isize")));
-                }
-                Dims::from_fn(s.len(), |k| s[k] as isize)
-            }
-        };
         let byte_offset = usize::try_from(byte_offset)
             .map_err(|_| Error::invalid(format!("byte_offset {byte_offset} is too large")))?;
-        checked_numel(&dims)?;
-        let layout = Layout {
-            shape: dims,
-            strides,
-            byte_offset,
+        let mut dims = Dims::from_fn(ndim, |_| 0usize);
+        let mut steps = Dims::from_fn(ndim, |_| 0isize);
+        // One pass, last dimension first (every import passes here): each value checked as it
+        // is converted, with the element count, C-contiguity and the elements' span.
+        let (mut numel, mut contiguous, mut span) = (Some(1usize), true, (0isize, 0isize));
+        let mut c_stride: isize = 1;
+        for k in (0..ndim).rev() {
+            let d = usize::try_from(shape[k]).map_err(|_| {
+                Error::invalid(format!("shape[{k}] is negative or too large: {}", shape[k]))
+            })?;
+            let stride = match strides {
+                None => c_stride,
+                Some(s) => isize::try_from(s[k]).map_err(|_| {
+                    Error::invalid(format!("stride {} does not fit in isize", s[k]))
+                })?,
+            };
+            (dims[k], steps[k]) = (d, stride);
+            numel = numel.and_then(|n| n.checked_mul(d));
+            contiguous &= d == 1 || stride == c_stride;
+            span = widen(span, d, stride);
+            c_stride = c_stride.saturating_mul(d.max(1) as isize);
+        }
+        let Some(numel) = numel else {
+            return Err(Error::invalid(format!(
+                "shape {:?} has more elements than fit in memory",
+                &*dims
+            )));
         };
         // The farthest byte reachable must be addressable.
-        layout.byte_extent(itemsize)?;
-        Ok(layout)
+        if numel > 0 {
+            extent_bytes(span, itemsize, byte_offset)?;
+        }
+        Ok(Layout {
+            shape: dims,
+            strides: steps,
+            byte_offset,
+            numel,
+            contiguous: contiguous || numel == 0,
+        })
     }
 
     /// The shape.
@@ -326,27 +387,32 @@ impl Layout {
         self.shape.len()
     }
 
+    /// The layout of `shape` and `strides` (of equal lengths) from `byte_offset`, whose
+    /// element count is `numel`, with its contiguity worked out (every constructor ends here).
+    fn of_parts(
+        shape: Dims<usize>,
+        strides: Dims<isize>,
+        byte_offset: usize,
+        numel: usize,
+    ) -> Layout {
+        let contiguous = numel == 0 || c_contiguous(&shape, &strides);
+        Layout {
+            shape,
+            strides,
+            byte_offset,
+            numel,
+            contiguous,
+        }
+    }
+
     /// Number of elements (validated not to overflow at construction).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.numel
     }
 
     /// C-contiguous, ignoring the strides of size-1 dimensions; every empty array is contiguous.
     pub fn is_contiguous(&self) -> bool {
-        if self.numel() == 0 {
-            return true;
-        }
-        let mut expected: isize = 1;
-        for (&dim, &stride) in self.shape.iter().zip(&self.strides).rev() {
-            if dim == 1 {
-                continue;
-            }
-            if stride != expected {
-                return false;
-            }
-            expected *= dim as isize;
-        }
-        true
+        self.contiguous
     }
 
     /// The lowest and highest element offsets (relative to the first element) that the layout
@@ -354,41 +420,24 @@ impl Layout {
     /// One pass: a dimension of 0 ends it (every import and every output's overlap check asks).
     #[inline]
     pub fn element_span(&self) -> Option<(isize, isize)> {
-        let (mut lo, mut hi) = (0isize, 0isize);
+        let mut span = (0isize, 0isize);
         for (&dim, &stride) in self.shape.iter().zip(&self.strides) {
             if dim == 0 {
                 return None;
             }
-            let reach = stride.saturating_mul(dim as isize - 1);
-            if reach < 0 {
-                lo = lo.saturating_add(reach);
-            } else {
-                hi = hi.saturating_add(reach);
-            }
+            span = widen(span, dim, stride);
         }
-        Some((lo, hi))
+        Some(span)
     }
 
     /// The byte range `[start, end)` relative to the buffer start that the layout touches, checked
     /// against overflow; `None` when empty.
     #[inline]
     pub fn byte_extent(&self, itemsize: usize) -> Result<Option<(isize, isize)>> {
-        let Some((lo, hi)) = self.element_span() else {
-            return Ok(None);
-        };
-        let overflow = || Error::invalid("array extent overflows the address space");
-        let item = isize::try_from(itemsize).map_err(|_| overflow())?;
-        let offset = isize::try_from(self.byte_offset).map_err(|_| overflow())?;
-        let start = lo
-            .checked_mul(item)
-            .and_then(|v| v.checked_add(offset))
-            .ok_or_else(overflow)?;
-        let end = hi
-            .checked_add(1)
-            .and_then(|v| v.checked_mul(item))
-            .and_then(|v| v.checked_add(offset))
-            .ok_or_else(overflow)?;
-        Ok(Some((start, end)))
+        match self.element_span() {
+            Some(span) => extent_bytes(span, itemsize, self.byte_offset).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Bytes that `numel` elements of `itemsize` take, refused when the count does not fit the
@@ -444,11 +493,12 @@ impl Layout {
     /// The same elements with the dimensions in reverse order.
     pub fn transposed(&self) -> Layout {
         let n = self.ndim();
-        Layout {
-            shape: Dims::from_fn(n, |i| self.shape[n - 1 - i]),
-            strides: Dims::from_fn(n, |i| self.strides[n - 1 - i]),
-            byte_offset: self.byte_offset,
-        }
+        Layout::of_parts(
+            Dims::from_fn(n, |i| self.shape[n - 1 - i]),
+            Dims::from_fn(n, |i| self.strides[n - 1 - i]),
+            self.byte_offset,
+            self.numel,
+        )
     }
 
     /// This layout broadcast to `shape` (numpy rules): new leading dimensions and stretched
@@ -471,11 +521,15 @@ impl Layout {
                 _ => return Err(err()),
             };
         }
-        Ok(Layout {
-            shape: Dims::from_slice(shape),
+        // Wrapping, as a product does in a release build: an element count that does not fit
+        // is refused where the broadcast shape is made, not here.
+        let numel = shape.iter().fold(1usize, |n, &d| n.wrapping_mul(d));
+        Ok(Layout::of_parts(
+            Dims::from_slice(shape),
             strides,
-            byte_offset: self.byte_offset,
-        })
+            self.byte_offset,
+            numel,
+        ))
     }
 }
 
@@ -916,6 +970,48 @@ mod tests {
         );
         let huge = Layout::new(vec![2], vec![isize::MAX / 2], 0).unwrap();
         assert!(huge.byte_extent(8).is_err());
+    }
+
+    #[test]
+    fn counts_and_contiguity_are_worked_out_as_the_layout_reads() {
+        // Every constructor's cached element count and contiguity against the definitions.
+        let shapes: [&[usize]; 7] = [&[], &[0], &[5], &[2, 3], &[3, 1, 4], &[2, 0, 3], &[1, 1]];
+        for shape in shapes {
+            let c = c_strides(shape);
+            let mut variants = vec![c.clone()];
+            variants.push(c.iter().map(|s| -s).collect());
+            variants.push(c.iter().map(|s| s * 2).collect());
+            variants.push(vec![0; shape.len()]);
+            variants.push(c.iter().rev().copied().collect());
+            for strides in variants {
+                let as_i64: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+                let s64: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
+                let new = Layout::new(shape.to_vec(), strides.clone(), 0).unwrap();
+                let read = Layout::from_untrusted(&as_i64, Some(&s64), 0, 4).unwrap();
+                let numel: usize = shape.iter().product();
+                let contiguous = numel == 0 || c_contiguous(shape, &strides);
+                for l in [&new, &read, &read.broadcast_to(shape).unwrap()] {
+                    assert_eq!((l.numel(), l.is_contiguous()), (numel, contiguous));
+                    assert_eq!(l.element_span(), new.element_span());
+                }
+                let t = read.transposed();
+                let rev: Vec<usize> = shape.iter().rev().copied().collect();
+                let rev_strides: Vec<isize> = strides.iter().rev().copied().collect();
+                assert_eq!(
+                    t.is_contiguous(),
+                    numel == 0 || c_contiguous(&rev, &rev_strides)
+                );
+            }
+            let implied = Layout::from_untrusted(
+                &shape.iter().map(|&d| d as i64).collect::<Vec<_>>(),
+                None,
+                0,
+                4,
+            )
+            .unwrap();
+            assert_eq!(implied, Layout::contiguous(shape).unwrap());
+            assert!(implied.is_contiguous());
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use super::import::{
     numpy_default, python_scalar, typed_numpy_scalar, widest,
 };
 use super::operands::{
-    lend_arrays,
+    lend_arrays, lent_ref,
     Access::{Read, Write},
 };
 use super::stream::Use;
@@ -323,13 +323,14 @@ pub fn add(
         Some(b).filter(|_| scalar_b.is_none()),
         out,
     ];
-    // Held until the arrays lent from them below are gone (declared first: dropped last).
-    let _held = (a.clone(), b.clone(), out.cloned());
+    // The objects lent below held until the arrays lent from them are gone (declared first:
+    // dropped last).
+    let _held = [Some(a), Some(b), out].map(|o| o.and_then(lent_ref));
     let mut arrays: [Option<Array>; 3] = [None, None, None];
-    // SAFETY: `_held` references the objects, and the arrays go before it: the kernel consumes
-    // them, its result is a new array or `out`'s (dropped below, `out` itself returned), and a
-    // host array's add runs on the host, within the call (a CUDA device with a host array is
-    // refused).
+    // SAFETY: `_held` references the objects lent, and the arrays go before it: the kernel
+    // consumes them, its result is a new array or `out`'s (dropped below, `out` itself
+    // returned), and a host array's add runs on the host, within the call (a CUDA device with
+    // a host array is refused).
     let (kernel_stream, waits) =
         unsafe { lend_arrays(&objs, &[Read, Read, Write], explicit, &mut arrays)? };
     let [array_a, array_b, out_array] = arrays;
@@ -369,7 +370,7 @@ pub fn add(
 /// dtype: it takes the other operand's), a numpy scalar or a 0-d numpy array (its own dtype,
 /// which promotes as an array's does, as in numpy). `None` for anything else.
 fn scalar_operand(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Scalar, Option<DType>)>> {
-    if obj.cast_exact::<PyArray>().is_ok() {
+    if super::import::cubridge_array(obj).is_some() {
         return Ok(None);
     }
     // numpy's arrays first: they are the common operand, and known by one comparison.

@@ -3,11 +3,10 @@
 //! (the public [`AnyArray`]).
 
 use super::import::{
-    current_stream, exchanged, import, is_numpy_ndarray, lent_cai, python_scalar, type_name,
-    typed_numpy_scalar, Exchanged,
+    cubridge_array, current_stream, exchanged, import, is_numpy_ndarray, lent_cai, python_scalar,
+    type_name, typed_numpy_scalar, Exchanged,
 };
 use super::stream::Use;
-use super::types::PyArray;
 use crate::array::Array;
 use crate::cuda::stream::{Stream, LEGACY};
 use crate::device::Device;
@@ -82,7 +81,7 @@ pub fn import_operands(
         let value = match obj {
             // cubridge's and numpy's arrays, the common cases, are no scalars (a 0-d numpy
             // array that is only read becomes a value below).
-            Some(o) if o.cast_exact::<PyArray>().is_ok() || is_numpy_ndarray(o) => None,
+            Some(o) if cubridge_array(o).is_some() || is_numpy_ndarray(o) => None,
             None => None,
             Some(o) => match python_scalar(o)? {
                 Some(v) => Some(Arg::Value(v, None)),
@@ -174,6 +173,12 @@ pub(crate) unsafe fn lend_arrays(
     unsafe { take(objs, access, explicit, arrays, true) }
 }
 
+/// A strong reference to `obj` where [`lend_arrays`] lends it (numpy's arrays), for its
+/// caller to hold.
+pub(crate) fn lent_ref<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    is_numpy_ndarray(obj).then(|| obj.clone())
+}
+
 /// [`take_arrays`], numpy arrays lent where `lend` ([`lend_arrays`]).
 ///
 /// # Safety
@@ -199,7 +204,7 @@ unsafe fn take(
             continue;
         };
         // cubridge's and numpy's arrays (no producer's stream, never a copy) are read directly.
-        if let Ok(a) = obj.cast_exact::<PyArray>() {
+        if let Some(a) = cubridge_array(obj) {
             arrays[k] = Some(a.get().inner.clone());
             continue;
         }

@@ -3,14 +3,13 @@
 //! names.
 
 use super::dlpack::{type_facts, Exchanged, TableUse};
-use super::{is_numpy_ndarray, Imported};
+use super::{cubridge_array, is_numpy_ndarray, Imported};
 use crate::array::Array;
 use crate::cuda::{memory, stream as cs};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::python::stream::Use;
-use crate::python::types::PyArray;
 use crate::view::{from_descriptor, Descriptor};
 use pyo3::exceptions::PyAttributeError;
 use pyo3::prelude::*;
@@ -23,7 +22,7 @@ use pyo3::types::PyDict;
 /// `None` for anything else (an exchange-table producer, JAX's version-2 interface), which
 /// [`import`] answers, as it does an interface it cannot read.
 pub fn lent_cai(obj: &Bound<'_, PyAny>) -> Option<Exchanged> {
-    if obj.cast_exact::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+    if cubridge_array(obj).is_some() || is_numpy_ndarray(obj) {
         return None;
     }
     let facts = type_facts(obj);

@@ -5,13 +5,12 @@
 use super::call::{call_dlpack, call_method0, MAX_VERSION_ASKED};
 use super::exchange::WorkStreams;
 use super::values::numpy_generic;
-use super::{forbids_writes, is_capsule, is_numpy_ndarray, no_capsule, Imported};
+use super::{cubridge_array, forbids_writes, is_capsule, is_numpy_ndarray, no_capsule, Imported};
 use crate::cuda::stream::Stream;
 use crate::device::Device;
 use crate::dtype::Kind;
 use crate::error::Error;
 use crate::python::stream::{Consumer, Use};
-use crate::python::types::PyArray;
 use crate::view::from_managed;
 use dlpark::ffi::DLDeviceType;
 use dlpark::python::consumer::exchange::ExchangeApi;
@@ -40,7 +39,7 @@ pub fn exchanged(
 ) -> Option<Exchanged> {
     // cubridge's arrays need no table, and numpy's come in through the buffer protocol (host
     // memory, no stream), which costs less than any table lookup.
-    if obj.cast_exact::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+    if cubridge_array(obj).is_some() || is_numpy_ndarray(obj) {
         return None;
     }
     let facts = type_facts(obj);

@@ -66,7 +66,7 @@ fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
 /// read-only ([`write_refusal`]). Errors with TypeError for anything else, numpy scalars of
 /// dtypes cubridge has not (datetime64, bytes_, ...) among them.
 pub fn import(obj: &Bound<'_, PyAny>, consumer: Stream, use_: Use) -> PyResult<Imported> {
-    if let Ok(a) = obj.cast_exact::<PyArray>() {
+    if let Some(a) = cubridge_array(obj) {
         return Ok(Imported::zero_copy(a.get().inner.clone()));
     }
     if is_numpy_ndarray(obj) {
@@ -137,7 +137,7 @@ fn requires_grad(obj: &Bound<'_, PyAny>) -> bool {
 /// requires grad (as torch's own `__dlpack__` refuses it), ValueError for a JAX array.
 /// `what` names the operand.
 pub fn write_refusal(obj: &Bound<'_, PyAny>, what: &str) -> Option<PyErr> {
-    if obj.cast_exact::<PyArray>().is_ok() || is_numpy_ndarray(obj) {
+    if cubridge_array(obj).is_some() || is_numpy_ndarray(obj) {
         return None;
     }
     let facts = type_facts(obj);
@@ -265,6 +265,24 @@ fn after_refused_dlpack(
         .unwrap_or(refusal))
 }
 
+/// `obj` as a cubridge array if it is exactly one (not a subclass): one comparison of type
+/// pointers (every operand of every call asks; pyo3's own check looks the type up each time).
+pub fn cubridge_array<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyArray>> {
+    use pyo3::PyTypeInfo;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    // The type lives as long as this module: pyo3 keeps it for the process.
+    static ARRAY: AtomicPtr<pyo3::ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+    let mut known = ARRAY.load(Ordering::Relaxed);
+    if known.is_null() {
+        known = PyArray::type_object_raw(obj.py());
+        ARRAY.store(known, Ordering::Relaxed);
+    }
+    // SAFETY: `obj` is a live object; its type pointer is read, not dereferenced.
+    let exact = unsafe { pyo3::ffi::Py_TYPE(obj.as_ptr()) } == known;
+    // SAFETY: `obj`'s type is exactly cubridge's array type.
+    exact.then(|| unsafe { obj.cast_unchecked::<PyArray>() })
+}
+
 /// Whether `obj` is exactly a `numpy.ndarray` (not a subclass, which may export otherwise):
 /// one comparison of type pointers once numpy's array type has been met (every operand of
 /// every call asks), the per-type facts until then.
@@ -291,7 +309,7 @@ pub fn is_numpy_ndarray(obj: &Bound<'_, PyAny>) -> bool {
 /// interface, or the buffer protocol. What does not is refused by [`import`] with TypeError.
 pub fn readable(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = obj.py();
-    Ok(obj.cast_exact::<PyArray>().is_ok()
+    Ok(cubridge_array(obj).is_some()
         || python_scalar(obj)?.is_some()
         || is_capsule(obj)
         || has_dlpack(obj, type_facts(obj))
