@@ -171,6 +171,13 @@ fn extent_bytes(
     reach.ok_or_else(|| Error::invalid("array extent overflows the address space"))
 }
 
+/// Whether two shapes are equal, compared in place (a slice comparison calls `memcmp`, which
+/// costs more than the few dimensions of a shape).
+#[inline]
+pub fn same_shape(a: &[usize], b: &[usize]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// Whether `strides` are row-major for `shape`, ignoring the strides of size-1 dimensions.
 fn c_contiguous(shape: &[usize], strides: &[isize]) -> bool {
     let mut expected: isize = 1;
@@ -434,10 +441,17 @@ impl Layout {
     /// against overflow; `None` when empty.
     #[inline]
     pub fn byte_extent(&self, itemsize: usize) -> Result<Option<(isize, isize)>> {
-        match self.element_span() {
-            Some(span) => extent_bytes(span, itemsize, self.byte_offset).map(Some),
-            None => Ok(None),
-        }
+        // A contiguous layout's elements are the `numel` from the first (every output's
+        // overlap check asks, of every operand).
+        let span = match (self.numel, self.contiguous) {
+            (0, _) => return Ok(None),
+            (n, true) if n <= isize::MAX as usize => (0, n as isize - 1),
+            _ => match self.element_span() {
+                Some(span) => span,
+                None => return Ok(None),
+            },
+        };
+        extent_bytes(span, itemsize, self.byte_offset).map(Some)
     }
 
     /// Bytes that `numel` elements of `itemsize` take, refused when the count does not fit the
@@ -993,6 +1007,8 @@ mod tests {
                 for l in [&new, &read, &read.broadcast_to(shape).unwrap()] {
                     assert_eq!((l.numel(), l.is_contiguous()), (numel, contiguous));
                     assert_eq!(l.element_span(), new.element_span());
+                    let spanned = l.element_span().map(|s| extent_bytes(s, 4, 0).unwrap());
+                    assert_eq!(l.byte_extent(4).unwrap(), spanned);
                 }
                 let t = read.transposed();
                 let rev: Vec<usize> = shape.iter().rev().copied().collect();

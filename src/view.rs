@@ -89,21 +89,21 @@ impl Checked {
     }
 
     /// The view over host memory that the caller lends for the length of one call, holding
-    /// nothing ([`crate::storage::lend`]); the checked descriptor back when this thread has no
-    /// lent buffer free.
+    /// nothing ([`crate::storage::lend`]), where this thread has a lent buffer free; else the
+    /// view held by `keepalive()`, as [`Checked::into_array`] makes it.
     ///
     /// # Safety
     /// As [`crate::storage::lend`]'s: the memory stays valid while the view (or any array made
-    /// from it) lives, and all are dropped before the call that lent the memory returns.
-    pub unsafe fn into_lent(self) -> std::result::Result<Array, Checked> {
+    /// from it) lives, and all are dropped before the call that lent the memory returns; and
+    /// as [`Checked::into_array`]'s for `keepalive()`.
+    pub unsafe fn into_lent_or(self, keepalive: impl FnOnce() -> Keepalive) -> Array {
         // SAFETY: the caller's contract.
         let Some(buffer) = (unsafe { crate::storage::lend(self.ptr) }) else {
-            return Err(self);
+            // SAFETY: the caller's contract.
+            return unsafe { self.into_array(keepalive()) };
         };
         // SAFETY: as in `into_array`; the caller keeps the memory valid while the view lives.
-        Ok(unsafe {
-            Array::from_parts(buffer, self.layout, self.dtype, self.device, self.readonly)
-        })
+        unsafe { Array::from_parts(buffer, self.layout, self.dtype, self.device, self.readonly) }
     }
 }
 

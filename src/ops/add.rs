@@ -147,7 +147,7 @@ fn on_host(call: &Call<'_>, shape: &[usize]) -> Result<Array> {
 
 /// `x` seen with `shape` (borrowed when it has that shape already).
 fn broadcast<'a>(x: &'a Array, shape: &[usize]) -> Result<Cow<'a, Array>> {
-    Ok(if x.shape() == shape {
+    Ok(if crate::layout::same_shape(x.shape(), shape) {
         Cow::Borrowed(x)
     } else {
         Cow::Owned(x.broadcast_to(shape)?)

@@ -418,9 +418,11 @@ fn small_host(x: &Array, y: &Arg, out: Option<&Array>) -> bool {
         Arg::Value(..) => None,
     };
     let numel = match y {
-        Some(y) if y.shape() != x.shape() => crate::layout::broadcast_shapes(x.shape(), y.shape())
-            .and_then(|s| crate::layout::checked_numel(&s))
-            .unwrap_or(usize::MAX),
+        Some(y) if !crate::layout::same_shape(y.shape(), x.shape()) => {
+            crate::layout::broadcast_shapes(x.shape(), y.shape())
+                .and_then(|s| crate::layout::checked_numel(&s))
+                .unwrap_or(usize::MAX)
+        }
         _ => x.numel(),
     };
     let operands = [Some(x), y, out];

@@ -18,7 +18,7 @@ pub(crate) fn check_out<'a>(
     dtype: DType,
     inputs: impl Iterator<Item = &'a Array>,
 ) -> Result<()> {
-    if out.shape() != shape {
+    if !crate::layout::same_shape(out.shape(), shape) {
         return Err(Error::invalid(format!(
             "out has shape {} but the result has shape {}",
             shape_str(out.shape()),

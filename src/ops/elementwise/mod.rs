@@ -20,7 +20,7 @@ use crate::cuda::sys;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout::{broadcast_shapes, Dims, Layout};
+use crate::layout::{broadcast_shapes, same_shape, Dims, Layout};
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
 pub use crate::ops::Arg;
@@ -468,7 +468,7 @@ impl<'a> Call<'a> {
         for a in shaping.filter_map(|k| self.array(k)) {
             shape = Some(match shape {
                 None => Cow::Borrowed(a.shape()),
-                Some(s) if *s == *a.shape() => s,
+                Some(s) if same_shape(&s, a.shape()) => s,
                 Some(s) => Cow::Owned(broadcast_shapes(&s, a.shape())?),
             });
         }
@@ -550,7 +550,7 @@ impl<'a> Call<'a> {
         let mut wide = Vec::new();
         for k in self.elements().take_while(|&k| k < self.inputs.len()) {
             match self.array(k) {
-                Some(a) if a.shape() != shape => wide.push((k, a.broadcast_to(shape)?)),
+                Some(a) if !same_shape(a.shape(), shape) => wide.push((k, a.broadcast_to(shape)?)),
                 _ => {}
             }
         }

@@ -94,14 +94,11 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
 /// which happens before the current call returns (none is returned, exported or handed to CUDA
 /// work).
 pub unsafe fn lend(obj: &Bound<'_, PyAny>) -> Option<Array> {
+    let held = || Keepalive::Object(Holder::new(obj));
     // SAFETY: the caller's reference keeps `obj`, and with it numpy's memory, alive past every
     // use of the view; numpy refuses to resize an array referenced beyond its user's own, as
-    // this one is.
-    match unsafe { checked(obj)?.into_lent() } {
-        Ok(lent) => Some(lent),
-        // SAFETY: as in `import`.
-        Err(checked) => Some(unsafe { checked.into_array(Keepalive::Object(Holder::new(obj))) }),
-    }
+    // this one is. A view held by `held` is as `import`'s.
+    Some(unsafe { checked(obj)?.into_lent_or(held) })
 }
 
 /// `obj`'s fields checked for a view, if it is exactly a `numpy.ndarray` this reading covers.
