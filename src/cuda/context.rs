@@ -36,15 +36,10 @@ pub fn primary(ordinal: u32) -> Result<sys::CUcontext> {
 /// Makes `ordinal`'s primary context current on this thread (cheap when it already is).
 pub fn bind(ordinal: u32) -> Result<()> {
     let ctx = primary(ordinal)?;
-    let current = result::ctx::get_current();
-    if let Ok(Some(current)) = current {
+    if let Ok(Some(current)) = result::ctx::get_current() {
         if current == ctx {
             return Ok(());
         }
-    }
-    // An open Restore scope puts back what was current before the first change.
-    if let Ok(current) = current {
-        save_before(current.map_or(NO_CONTEXT, |c| c as usize));
     }
     // SAFETY: `ctx` is a retained, live primary context.
     check(
@@ -118,64 +113,25 @@ pub fn sm_count(ordinal: u32) -> Result<usize> {
 /// none where none was. cubridge binds the primary context of the device it works on; a Python
 /// call that works on another device than the caller's must not leave the caller (and the CUDA
 /// runtime that torch and CuPy read their current device from) on that device, nor bind one on
-/// a thread that had none (the runtime would then report that device as current).
-///
-/// The outermost scope on a thread (a Python call) asks the driver nothing unless cubridge
-/// changes the context: [`bind`] saves what was current the first time it binds another, and
-/// the scope puts it back (most calls find the context they need already current, or need
-/// none). A scope opened within another (a call from a producer's callback, a release within a
-/// call) remembers the current context when made, and puts it back when dropped.
-pub struct Restore(Scope);
+/// a thread that had none (the runtime would then report that device as current). Inert
+/// without a driver.
+pub struct Restore(Option<usize>);
 
-/// What a [`Restore`] is.
-enum Scope {
-    /// No thread-local state (the thread is ending).
-    Inert,
-    /// The outermost: puts back what [`bind`] saved.
-    Outer,
-    /// Within another: the context current when it was made, where CUDA is loaded.
-    Nested(Option<usize>),
-}
-
-/// What a [`Restore`] scope saved for a thread with no current context.
+/// What [`Restore`] holds for a thread with no current context.
 const NO_CONTEXT: usize = 0;
 
-thread_local! {
-    /// The [`Restore`] scopes open on this thread, and the context current before cubridge
-    /// first bound another within the outermost.
-    static SCOPES: std::cell::Cell<(u32, Option<usize>)> = const { std::cell::Cell::new((0, None)) };
-}
-
-/// The context current on this thread (`NO_CONTEXT` for none), where the driver answers.
-fn current() -> Option<usize> {
-    let current = result::ctx::get_current().ok()?;
-    Some(current.map_or(NO_CONTEXT, |c| c as usize))
-}
-
 impl Restore {
-    /// Opens a scope.
+    /// Remembers the current context (none, when CUDA was never loaded or nothing is bound).
     pub fn new() -> Restore {
-        let open = SCOPES.try_with(|s| {
-            let (depth, saved) = s.get();
-            s.set((depth + 1, saved));
-            depth
-        });
-        Restore(match open {
-            Err(_) => Scope::Inert,
-            Ok(0) => Scope::Outer,
-            Ok(_) => Scope::Nested(crate::cuda::is_available().then(current).flatten()),
+        if !crate::cuda::is_available() {
+            return Restore(None);
+        }
+        Restore(match result::ctx::get_current() {
+            Ok(Some(ctx)) => Some(ctx as usize),
+            Ok(None) => Some(NO_CONTEXT),
+            Err(_) => None,
         })
     }
-}
-
-/// Remembers `before`, the context current before [`bind`] changes it, for the outermost open
-/// [`Restore`] scope to put back, unless one was saved already.
-fn save_before(before: usize) {
-    let _ = SCOPES.try_with(|s| {
-        if let (depth @ 1.., None) = s.get() {
-            s.set((depth, Some(before)));
-        }
-    });
 }
 
 impl Default for Restore {
@@ -186,27 +142,17 @@ impl Default for Restore {
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        let closed = SCOPES.try_with(|s| {
-            let (depth, saved) = s.get();
-            match depth {
-                1 => s.set((0, None)),
-                _ => s.set((depth.saturating_sub(1), saved)),
-            }
-            saved
-        });
-        let before = match self.0 {
-            Scope::Inert => None,
-            Scope::Outer => closed.ok().flatten(),
-            Scope::Nested(before) => before,
-        };
-        let Some(before) = before else {
+        let Some(before) = self.0 else {
             return;
         };
-        if current().is_some_and(|now| now != before) {
-            // SAFETY: `before` was current on this thread before cubridge changed it within
-            // this scope (or is NULL, which unbinds); contexts cubridge binds are primary
-            // contexts retained for the process, and others belong to the caller, who had it
-            // current.
+        let now = match result::ctx::get_current() {
+            Ok(now) => now.map_or(NO_CONTEXT, |c| c as usize),
+            Err(_) => return,
+        };
+        if now != before {
+            // SAFETY: `before` was current on this thread when the guard was made (or is NULL,
+            // which unbinds); contexts cubridge binds are primary contexts retained for the
+            // process, and others belong to the caller, who had it current.
             let _ = unsafe { result::ctx::set_current(before as sys::CUcontext) };
         }
     }
