@@ -146,7 +146,8 @@ impl<T: Copy + Default + std::fmt::Debug> std::fmt::Debug for Dims<T> {
 /// elements `stride` apart, saturating (an extent that large is refused after).
 #[inline]
 fn widen((lo, hi): (isize, isize), dim: usize, stride: isize) -> (isize, isize) {
-    let reach = stride.saturating_mul((dim as isize).saturating_sub(1));
+    let last = isize::try_from(dim.saturating_sub(1)).unwrap_or(isize::MAX);
+    let reach = stride.saturating_mul(last);
     match reach < 0 {
         true => (lo.saturating_add(reach), hi),
         false => (lo, hi.saturating_add(reach)),
@@ -337,7 +338,7 @@ impl Layout {
         let mut steps = Dims::from_fn(ndim, |_| 0isize);
         // One pass, last dimension first (every import passes here): each value checked as it
         // is converted, with the element count, C-contiguity and the elements' span.
-        let (mut numel, mut contiguous, mut span) = (Some(1usize), true, (0isize, 0isize));
+        let (mut contiguous, mut span) = (true, (0isize, 0isize));
         let mut c_stride: isize = 1;
         for k in (0..ndim).rev() {
             let d = usize::try_from(shape[k]).map_err(|_| {
@@ -350,17 +351,12 @@ impl Layout {
                 })?,
             };
             (dims[k], steps[k]) = (d, stride);
-            numel = numel.and_then(|n| n.checked_mul(d));
             contiguous &= d == 1 || stride == c_stride;
             span = widen(span, d, stride);
             c_stride = c_stride.saturating_mul(d.max(1) as isize);
         }
-        let Some(numel) = numel else {
-            return Err(Error::invalid(format!(
-                "shape {:?} has more elements than fit in memory",
-                &*dims
-            )));
-        };
+        // Counted first dimension first, as every other constructor counts.
+        let numel = checked_numel(&dims)?;
         // The farthest byte reachable must be addressable.
         if numel > 0 {
             extent_bytes(span, itemsize, byte_offset)?;
@@ -444,8 +440,7 @@ impl Layout {
         // A contiguous layout's elements are the `numel` from the first (every output's
         // overlap check asks, of every operand).
         let span = match (self.numel, self.contiguous) {
-            (0, _) => return Ok(None),
-            (n, true) if n <= isize::MAX as usize => (0, n as isize - 1),
+            (n @ 1.., true) if n <= isize::MAX as usize => (0, n as isize - 1),
             _ => match self.element_span() {
                 Some(span) => span,
                 None => return Ok(None),
@@ -1028,6 +1023,15 @@ mod tests {
             assert_eq!(implied, Layout::contiguous(shape).unwrap());
             assert!(implied.is_contiguous());
         }
+        // Counted first dimension first, as `checked_numel` counts, whatever the order of zeros.
+        let big = 1i64 << 62;
+        assert!(Layout::from_untrusted(&[0, big, 4], None, 0, 1).is_ok());
+        assert!(Layout::from_untrusted(&[big, 4, 0], None, 0, 1).is_err());
+        // A dimension past isize::MAX reaches past the address space.
+        assert!(Layout::contiguous(&[1 << 63])
+            .unwrap()
+            .byte_extent(1)
+            .is_err());
     }
 
     #[test]

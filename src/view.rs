@@ -170,7 +170,7 @@ pub fn from_managed<M: ManagedTensorBase>(managed: Managed<M>) -> Result<Array> 
     let readonly = managed.flags().contains(DlpackFlags::READ_ONLY);
     let checked = check_tensor(&managed.validate().map_err(invalid_tensor)?, readonly)?;
     // SAFETY: DLPack's contract: the memory stays valid until the deleter runs, which happens when
-    // the boxed AllocationDeleter is dropped.
+    // the AllocationDeleter, which the buffer holds, is dropped.
     Ok(unsafe { checked.into_array(Keepalive::Deleter(managed.into_deleter())) })
 }
 
