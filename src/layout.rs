@@ -337,7 +337,7 @@ impl Layout {
         let mut dims = Dims::from_fn(ndim, |_| 0usize);
         let mut steps = Dims::from_fn(ndim, |_| 0isize);
         // One pass, last dimension first (every import passes here): each value checked as it
-        // is converted, with the element count, C-contiguity and the elements' span.
+        // is converted, with C-contiguity and the elements' span.
         let (mut contiguous, mut span) = (true, (0isize, 0isize));
         let mut c_stride: isize = 1;
         for k in (0..ndim).rev() {

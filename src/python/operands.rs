@@ -154,7 +154,7 @@ pub(crate) fn take_arrays(
 }
 
 /// As [`take_arrays`], but numpy arrays come as views lent for the call
-/// ([`super::import::ndarray::lend`]): no reference held, no allocation.
+/// ([`super::import::ndarray::lend`]): the view holds no reference and allocates nothing.
 ///
 /// # Safety
 /// The caller holds a strong reference to each of `objs` until every array taken, and every
