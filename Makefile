@@ -138,6 +138,7 @@ lint: build $(VENV)/.lint-deps $(ABOUT)
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features abi3 -- -D warnings
+	cargo clippy --lib --tests --features abi3,phase-times -- -D warnings
 	PYO3_BUILD_EXTENSION_MODULE=1 PYO3_NO_PYTHON=1 cargo clippy --lib --features py312 -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features abi3
 	cargo fmt --manifest-path examples/extension/Cargo.toml -- --check

@@ -40,6 +40,7 @@ pub mod error;
 pub mod export;
 pub mod layout;
 pub mod ops;
+pub(crate) mod phases;
 pub mod storage;
 pub mod view;
 

@@ -416,6 +416,12 @@ impl Drop for Buffer {
                 let held = std::mem::replace(held, Keepalive::Boxed(Box::new(())));
                 release_after(held.into_boxed(), consumers);
             }
+            // Timed where the benchmarks time phases; released with the buffer otherwise.
+            #[cfg(feature = "phase-times")]
+            {
+                let held = std::mem::replace(held, Keepalive::Boxed(Box::new(())));
+                crate::phases::producer!(ProducerRelease, drop(held));
+            }
             return;
         }
         let write = self

@@ -17,6 +17,7 @@ use crate::ops::elementwise::spec::{Rule, Spec};
 use crate::ops::elementwise::{Call, ElementwiseKernel};
 use crate::ops::plan::{Operand, Plan, Variant};
 use crate::ops::Arg;
+use crate::phases::phase;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
@@ -96,10 +97,12 @@ fn on_host(call: &Call<'_>, shape: &[usize]) -> Result<Array> {
     let a = call
         .array(0)
         .ok_or_else(|| Error::invalid("internal: add's first input"))?;
+    phase!(Alloc);
     let out = match call.array(2) {
         Some(out) => out.clone(),
         None => Array::empty(shape, dr, Device::Cpu)?,
     };
+    phase!(Plan);
     if out.numel() == 0 {
         return Ok(out);
     }
@@ -129,6 +132,7 @@ fn on_host(call: &Call<'_>, shape: &[usize]) -> Result<Array> {
     let b_ptr = b.address as *mut u8;
     let operands = [Operand::of(&out), Operand::of(&a_b), b];
     let plan = Plan::new(shape, out.numel(), &operands, Some(0), 1, false).coalesced::<3>();
+    phase!(HostLoop);
     // SAFETY: all three operands are host-accessible (the value lives on this stack until the
     // loop returns) and the arrays' layouts were validated against their buffers when they were
     // made; `out` is writable (checked) and overlaps an input only exactly (checked); dtypes are

@@ -22,6 +22,7 @@ use crate::cuda::stream::{self as cuda_stream, Event, RelaxedCapture, Stream};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::phases::phase;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -77,6 +78,7 @@ pub struct Launch {
 impl Launch {
     /// Prepares work on `stream` (DLPack numbering) of `device`, which must be a CUDA device.
     pub fn begin(device: Device, stream: Stream) -> Result<Launch> {
+        phase!(Capture);
         let Device::Cuda(ordinal) = device else {
             return Err(Error::invalid(format!(
                 "a CUDA launch needs a CUDA device, not {device}"
@@ -89,6 +91,7 @@ impl Launch {
         } else {
             (None, Some(cuda_stream::NotCapturing::new(ordinal, stream)))
         };
+        phase!(Plan);
         Ok(Launch {
             ordinal,
             stream,
@@ -139,6 +142,7 @@ impl Launch {
     /// cannot wait for work outside it). Also makes the device's context current. Takes arrays
     /// or references to them, in an array, a slice or any iterator, as [`Launch::finish`] does.
     pub fn order<A: AsRef<Array>>(&self, operands: impl IntoIterator<Item = A>) -> Result<()> {
+        phase!(Order);
         for operand in operands {
             let operand = operand.as_ref();
             if operand.device() != Device::Cuda(self.ordinal) {
@@ -165,6 +169,7 @@ impl Launch {
         A: AsRef<Array>,
         O: IntoIterator<Item = A> + Clone,
     {
+        phase!(Finish);
         let all = inputs.into_iter().chain(outputs.clone());
         if self.is_capturing() {
             // The graph holds its operands for as long as it can replay, and their memory is

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::ops::launch::Launch;
 use crate::ops::module::RawModule;
 use crate::ops::Arg;
+use crate::phases::phase;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -151,6 +152,7 @@ impl RawKernel {
         let launch = Launch::begin(device, stream)?;
         let function = self.function(launch.ordinal(), shared)?;
         launch.order(&arrays)?;
+        phase!(Launch);
         let mut params = raw_params(args)?;
         // SAFETY: the parameters match the kernel's signature and it stays inside the arrays
         // (this function's contract); each array is passed as the device pointer of its first

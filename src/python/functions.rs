@@ -17,6 +17,7 @@ use crate::cuda::stream::LEGACY;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::ops::{self, Arg};
+use crate::phases::{phase, phase_at_end, timed_call};
 use pyo3::prelude::*;
 
 pub(super) fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
@@ -236,9 +237,12 @@ pub fn from_dlpack(
     device: Option<&Bound<'_, PyAny>>,
     copy: Option<bool>,
 ) -> PyResult<PyArray> {
+    timed_call!();
     let _restore = crate::cuda::context::Restore::new();
     let device = parse_optional_device(device)?;
+    phase!(Import);
     let imported = import(x, LEGACY, Use::Kept)?;
+    phase_at_end!(Result);
     Ok(PyArray::new(finish(py, imported, None, device, copy)?))
 }
 
@@ -311,6 +315,7 @@ pub fn add(
     out: Option<&Bound<'_, PyAny>>,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
+    timed_call!();
     let _restore = crate::cuda::context::Restore::new();
     let _later = crate::cuda::release::DropLater::new();
     let explicit = super::stream::parse(stream)?;
@@ -327,6 +332,7 @@ pub fn add(
     // dropped last).
     let _held = [Some(a), Some(b), out].map(|o| o.and_then(lent_ref));
     let mut arrays: [Option<Array>; 3] = [None, None, None];
+    phase!(Import);
     // SAFETY: `_held` references the objects lent, and the arrays go before it: the kernel
     // consumes them, its result is a new array or `out`'s (dropped below, `out` itself
     // returned), and a host array's add runs on the host, within the call (a CUDA device with
@@ -334,6 +340,7 @@ pub fn add(
     let (kernel_stream, waits) =
         unsafe { lend_arrays(&objs, &[Read, Read, Write], explicit, &mut arrays)? };
     let [array_a, array_b, out_array] = arrays;
+    phase!(Bind);
     let (x, y) = add_inputs([array_a, array_b], [scalar_a, scalar_b])?;
     let y_host = match &y {
         Arg::Array(y) => y.device().is_host_accessible(),
@@ -347,18 +354,25 @@ pub fn add(
     let device = x.device();
     let small_host = small_host(&x, &y, out_array.as_ref());
     let run = || -> crate::error::Result<Array> {
+        phase!(Order);
         // The driver may wait on its own locks here: never with the GIL held.
         for &(producer, d) in &waits {
             if let (crate::Device::Cuda(n), true) = (d, d == device) {
                 crate::cuda::stream::order(kernel_stream, producer, n)?;
             }
         }
+        phase!(Bind);
+        // Once the work is queued, the interpreter is taken back.
+        phase_at_end!(Gil if !small_host);
         ops::add::run([Arg::Array(x), y], out_array, Some(kernel_stream))
     };
     // A small loop on host memory runs with the GIL held: letting it go and taking it back
     // costs more than the loop (numpy keeps it for small arrays too). Everything else, CUDA
     // work above all, runs without it.
+    phase!(Gil);
     let result = if small_host { run()? } else { py.detach(run)? };
+    phase!(Result);
+    phase_at_end!(Exit);
     // Like numpy and torch, `out` itself is the result when given.
     Ok(match out {
         Some(o) => o.clone().unbind(),
@@ -604,4 +618,18 @@ pub fn release_other_caches() {
 pub fn cuda_mem_info(device: Option<&Bound<'_, PyAny>>) -> PyResult<(usize, usize)> {
     let _restore = crate::cuda::context::Restore::new();
     Ok(crate::cuda::memory::mem_info(cuda_device(device)?)?)
+}
+
+/// The phase times of the calls timed on this thread since the last call, which it resets
+/// (the `phase-times` feature: a benchmarks' wheel): `{"calls": n, "reading_ns": one clock
+/// reading's cost, "phases": [(name, ns, readings), ...]}`.
+#[cfg(feature = "phase-times")]
+#[pyfunction]
+pub fn _phase_times(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let totals = crate::phases::take();
+    let dict = pyo3::types::PyDict::new(py);
+    dict.set_item("calls", totals.calls)?;
+    dict.set_item("reading_ns", totals.reading_ns)?;
+    dict.set_item("phases", totals.phases)?;
+    Ok(dict)
 }

@@ -8,6 +8,7 @@ use crate::ops::elementwise::spec::Spec;
 use crate::ops::elementwise::ElementwiseKernel;
 use crate::ops::raw::RawKernel;
 use crate::ops::Arg;
+use crate::phases::{phase, phase_at_end, timed_call};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -107,22 +108,30 @@ impl PyElementwiseKernel {
         stream: Option<&Bound<'_, PyAny>>,
         size: Option<usize>,
     ) -> PyResult<Py<PyAny>> {
+        timed_call!();
         let _restore = crate::cuda::context::Restore::new();
         let _later = crate::cuda::release::DropLater::new();
         let spec = self.inner.spec();
+        phase!(Import);
         let CallOperands {
             operands,
             inputs,
             outputs,
             outs,
         } = call_operands(spec, args, out, stream, &self.access)?;
+        phase!(Gil);
         let results = py.detach(|| -> crate::Result<Vec<crate::Array>> {
+            phase!(Order);
             operands.order()?;
+            phase!(Bind);
+            phase_at_end!(Gil);
             // SAFETY: the operation is the Python user's CUDA C++, trusted as CuPy trusts an
             // ElementwiseKernel's: it indexes raw arrays within their sizes and touches nothing
             // beyond its parameters.
             unsafe { self.inner.call(&inputs, &outputs, operands.stream, size) }
         })?;
+        phase!(Result);
+        phase_at_end!(Exit);
         returned(py, outs, results)
     }
 }
@@ -377,6 +386,7 @@ impl PyRawKernel {
         readonly_ok: bool,
     ) -> PyResult<()> {
         let py = args.py();
+        timed_call!();
         let _restore = crate::cuda::context::Restore::new();
         let _later = crate::cuda::release::DropLater::new();
         let (grid, block) = (
@@ -404,13 +414,18 @@ impl PyRawKernel {
         let refs: Vec<Option<&Bound<'_, PyAny>>> = objs.iter().map(Some).collect();
         // The kernel may write any array it is given: those it must not write come in read-only.
         let access = vec![Access::Any; objs.len()];
+        phase!(Import);
         let mut operands = import_operands(&refs, &access, super::stream::parse(stream)?)?;
         let args: Vec<Arg> = std::mem::take(&mut operands.items)
             .into_iter()
             .map(|o| o.ok_or_else(|| Error::invalid("an argument could not be read")))
             .collect::<Result<_, _>>()?;
+        phase!(Gil);
         py.detach(|| -> crate::Result<()> {
+            phase!(Order);
             operands.order()?;
+            phase!(Bind);
+            phase_at_end!(Gil);
             // SAFETY: the kernel and its argument list are the Python user's, trusted as CuPy
             // trusts a RawKernel's: its parameters are one pointer per array and one C value per
             // numpy scalar, in order, and it stays inside the arrays it is given (and, with
@@ -420,6 +435,7 @@ impl PyRawKernel {
                 (self.inner).launch(grid, block, &args, shared_mem, stream, readonly_ok)
             }
         })?;
+        phase!(Exit);
         Ok(())
     }
 }

@@ -53,6 +53,8 @@ fn cubridge_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::cuda_wait_for_compiles, m)?)?;
     m.add_function(wrap_pyfunction!(functions::cuda_record_stream, m)?)?;
     m.add_function(wrap_pyfunction!(functions::_add_nvrtc_search_dirs, m)?)?;
+    #[cfg(feature = "phase-times")]
+    m.add_function(wrap_pyfunction!(functions::_phase_times, m)?)?;
     m.add_class::<stream::PyStream>()?;
     m.add_class::<kernels::PyElementwiseKernel>()?;
     m.add_class::<kernels::PyRawKernel>()?;

@@ -24,6 +24,7 @@ use crate::layout::{broadcast_shapes, same_shape, Dims, Layout};
 use crate::ops::launch::Launch;
 use crate::ops::plan::{Operand, Plan, Variant};
 pub use crate::ops::Arg;
+use crate::phases::phase;
 use params::Param;
 use source::{Role, Signature};
 use spec::Spec;
@@ -159,7 +160,9 @@ impl ElementwiseKernel {
             None => new(k),
         };
         let (mut plan, mut function) = self.planned(launch.ordinal(), call, before, shape)?;
+        phase!(Alloc);
         let outs = call.allocate_outputs(&launch, shape)?;
+        phase!(Plan);
         let operand = |k: usize| -> &Array {
             match k < nin {
                 true => input(k).expect("an array operand"),
@@ -176,6 +179,7 @@ impl ElementwiseKernel {
         }
         let input_arrays = || (0..nin).filter_map(input);
         launch.order(input_arrays().chain(&outs))?;
+        phase!(Launch);
         // SAFETY: the caller's contract (the operation); `launch` ordered every operand, and
         // `function` is the plan's kernel for the call's signature on its device.
         unsafe { self.run(call, &launch, &plan, function, &operand)? };

@@ -5,6 +5,7 @@
 //! whose limited API has it) through `PyObject_VectorcallMethod`, which makes neither: about
 //! 1,600 fewer instructions a `__dlpack__` call, measured on CPython 3.12.
 
+use crate::phases::producer;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
@@ -60,7 +61,10 @@ pub(super) fn call_dlpack<'py>(
     if let Some(stream) = stream {
         kwargs.set_item(pyo3::intern!(py, "stream"), stream)?;
     }
-    obj.call_method(pyo3::intern!(py, "__dlpack__"), (), Some(&kwargs))
+    producer!(
+        ProducerExport,
+        obj.call_method(pyo3::intern!(py, "__dlpack__"), (), Some(&kwargs))
+    )
 }
 
 #[cfg(feature = "vectorcall")]
@@ -99,7 +103,10 @@ pub(super) fn call_dlpack<'py>(
     // name in `names`; the GIL is held. The result is a new reference, or NULL with an
     // exception set.
     unsafe {
-        let ret = PyObject_VectorcallMethod(name.as_ptr(), args.as_ptr(), 1, names);
+        let ret = producer!(
+            ProducerExport,
+            PyObject_VectorcallMethod(name.as_ptr(), args.as_ptr(), 1, names)
+        );
         Bound::from_owned_ptr_or_err(py, ret)
     }
 }

@@ -10,6 +10,7 @@ use crate::cuda::stream::Stream;
 use crate::device::Device;
 use crate::dtype::Kind;
 use crate::error::Error;
+use crate::phases::producer;
 use crate::python::stream::{Consumer, Use};
 use crate::view::from_managed;
 use dlpark::ffi::DLDeviceType;
@@ -54,10 +55,12 @@ pub fn exchanged(
         Some((array, stream)) => (array, false, stream),
         None => {
             let api = ExchangeApi::from_object(obj.as_borrowed()).ok()??;
-            let (managed, stream) = api
-                .import_managed_no_sync(obj.as_borrowed())
-                .ok()?
-                .into_parts();
+            let (managed, stream) = producer!(
+                ProducerExport,
+                api.import_managed_no_sync(obj.as_borrowed())
+            )
+            .ok()?
+            .into_parts();
             let copied = managed.flags().contains(DlpackFlags::IS_COPIED);
             let array = from_managed(managed).ok()?;
             let stream = match array.device() {
@@ -100,7 +103,7 @@ pub fn current_stream(obj: &Bound<'_, PyAny>) -> Option<Stream> {
             // the capsule's name), called with the GIL held, as CuPy's own kernels call it. Built
             // with Cython 3 it returns -1 with an exception set when it fails (`except? -1`);
             // older builds print the error and return 0, the legacy default stream.
-            let ptr = unsafe { get() };
+            let ptr = producer!(ProducerStream, unsafe { get() });
             if ptr == -1 && PyErr::take(py).is_some() {
                 return None;
             }
@@ -309,7 +312,7 @@ fn table_belongs_to_protocol(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bo
 fn lazy_sign(obj: &Bound<'_, PyAny>, complex: bool) -> Option<PyErr> {
     let py = obj.py();
     let set = |name| {
-        call_method0(obj, name)
+        producer!(ProducerQuery, call_method0(obj, name))
             .and_then(|v| v.is_truthy())
             .unwrap_or(false)
     };
@@ -364,7 +367,9 @@ type Announced = (u32, i32);
 /// the stream handed over depends on it.
 fn announced_device(obj: &Bound<'_, PyAny>) -> PyResult<Option<Announced>> {
     match obj.getattr(pyo3::intern!(obj.py(), "__dlpack_device__")) {
-        Ok(method) => Ok(Some(method.call0()?.extract::<Announced>()?)),
+        Ok(method) => Ok(Some(
+            producer!(ProducerQuery, method.call0())?.extract::<Announced>()?,
+        )),
         Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(obj.py()) => Ok(None),
         Err(e) => Err(e),
     }

@@ -7,6 +7,7 @@
 use crate::array::Array;
 use crate::cuda::stream::Stream;
 use crate::device::Device;
+use crate::phases::producer;
 use crate::python::Holder;
 use crate::view::check_dltensor;
 use dlpark::ffi::{
@@ -61,7 +62,12 @@ impl WorkStreams {
         let mut raw = std::ptr::null_mut();
         // SAFETY: the table's function, called with the GIL held as DLPack requires, writing
         // one stream handle into `raw`.
-        let rc = unsafe { ask(device.device_type, device.device_id, &mut raw) };
+        let rc = unsafe {
+            producer!(
+                ProducerStream,
+                ask(device.device_type, device.device_id, &mut raw)
+            )
+        };
         let stream = if rc == 0 {
             Some(Stream::from_handle(raw as usize))
         } else {
@@ -92,7 +98,7 @@ pub fn lend(
     // SAFETY: DLTensor is a plain C struct; all zeros is a valid value to be overwritten.
     let mut t: DLTensor = unsafe { std::mem::zeroed() };
     // SAFETY: `obj` is of the type the table came from, the GIL is held, and `t` is writable.
-    if unsafe { lend(obj.as_ptr().cast(), &mut t) } != 0 {
+    if unsafe { producer!(ProducerExport, lend(obj.as_ptr().cast(), &mut t)) } != 0 {
         let _ = PyErr::take(obj.py());
         return None;
     }

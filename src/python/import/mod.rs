@@ -128,9 +128,11 @@ fn forbids_writes(obj: &Bound<'_, PyAny>, facts: TypeFacts) -> bool {
 }
 
 fn requires_grad(obj: &Bound<'_, PyAny>) -> bool {
-    obj.getattr(pyo3::intern!(obj.py(), "requires_grad"))
-        .and_then(|r| r.is_truthy())
-        .unwrap_or(false)
+    let asked = crate::phases::producer!(
+        ProducerQuery,
+        obj.getattr(pyo3::intern!(obj.py(), "requires_grad"))
+    );
+    asked.and_then(|r| r.is_truthy()).unwrap_or(false)
 }
 
 /// Why a kernel may not write `obj` in place, if it may not: BufferError for a tensor that
