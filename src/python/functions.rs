@@ -5,7 +5,7 @@ use super::import::{
     numpy_default, python_scalar, typed_numpy_scalar, widest,
 };
 use super::operands::{
-    lend_arrays, lent_ref,
+    lend_arrays,
     Access::{Read, Write},
 };
 use super::stream::Use;
@@ -328,17 +328,23 @@ pub fn add(
         Some(b).filter(|_| scalar_b.is_none()),
         out,
     ];
-    // The objects lent below held until the arrays lent from them are gone (declared first:
+    // The objects lent below, held until the arrays lent from them are gone (declared first:
     // dropped last).
-    let _held = [Some(a), Some(b), out].map(|o| o.and_then(lent_ref));
+    let mut held = [None, None, None];
     let mut arrays: [Option<Array>; 3] = [None, None, None];
     phase!(Import);
-    // SAFETY: `_held` references the objects lent, and the arrays go before it: the kernel
-    // consumes them, its result is a new array or `out`'s (dropped below, `out` itself
-    // returned), and a host array's add runs on the host, within the call (a CUDA device with
-    // a host array is refused).
-    let (kernel_stream, waits) =
-        unsafe { lend_arrays(&objs, &[Read, Read, Write], explicit, &mut arrays)? };
+    // SAFETY: `held` outlives the arrays: the kernel consumes them, its result is a new array
+    // or `out`'s (dropped below, `out` itself returned), and a host array's add runs on the
+    // host, within the call (a CUDA device with a host array is refused).
+    let (kernel_stream, waits) = unsafe {
+        lend_arrays(
+            &objs,
+            &[Read, Read, Write],
+            explicit,
+            &mut arrays,
+            &mut held,
+        )?
+    };
     let [array_a, array_b, out_array] = arrays;
     phase!(Bind);
     let (x, y) = add_inputs([array_a, array_b], [scalar_a, scalar_b])?;

@@ -150,45 +150,42 @@ pub(crate) fn take_arrays(
     arrays: &mut [Option<Array>],
 ) -> PyResult<(Stream, Waits)> {
     // SAFETY: nothing is lent.
-    unsafe { take(objs, access, explicit, arrays, false) }
+    unsafe { take(objs, access, explicit, arrays, &mut []) }
 }
 
 /// As [`take_arrays`], but numpy arrays come as views lent for the call
-/// ([`super::import::ndarray::lend`]): the view holds no reference and allocates nothing.
+/// ([`super::import::ndarray::lend`]): the view holds no reference and allocates nothing. For
+/// each array lent, a strong reference to its object goes into `held` (one entry per object)
+/// as it is lent.
 ///
 /// # Safety
-/// The caller holds a strong reference to each of `objs` until every array taken, and every
-/// array made from one, is dropped, which happens before the call returns: none is returned to
-/// Python, exported, kept, or handed to CUDA work (a host array's kernel runs on the host,
-/// within the call). Python code may run meanwhile (a later operand's export, another thread
-/// while the interpreter is let go): the reference keeps numpy from resizing an array in use,
-/// as the one a held view takes does.
-pub(crate) unsafe fn lend_arrays(
-    objs: &[Option<&Bound<'_, PyAny>>],
+/// The caller keeps `held` until every array taken, and every array made from one, is dropped,
+/// which happens before the call returns: none is returned to Python, exported, kept, or handed
+/// to CUDA work (a host array's kernel runs on the host, within the call). Python code may run
+/// meanwhile (a later operand's export, another thread while the interpreter is let go): the
+/// reference keeps numpy from resizing an array in use, as the one a held view takes does.
+pub(crate) unsafe fn lend_arrays<'py>(
+    objs: &[Option<&Bound<'py, PyAny>>],
     access: &[Access],
     explicit: Option<Stream>,
     arrays: &mut [Option<Array>],
+    held: &mut [Option<Bound<'py, PyAny>>],
 ) -> PyResult<(Stream, Waits)> {
     // SAFETY: the caller's contract.
-    unsafe { take(objs, access, explicit, arrays, true) }
+    unsafe { take(objs, access, explicit, arrays, held) }
 }
 
-/// A strong reference to `obj` where [`lend_arrays`] lends it (numpy's arrays), for its
-/// caller to hold.
-pub(crate) fn lent_ref<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
-    is_numpy_ndarray(obj).then(|| obj.clone())
-}
-
-/// [`take_arrays`], numpy arrays lent where `lend` ([`lend_arrays`]).
+/// [`take_arrays`], numpy arrays lent where `held` has an entry per object ([`lend_arrays`]);
+/// none are lent where it is empty.
 ///
 /// # Safety
-/// Where `lend`, [`lend_arrays`]'s contract.
-unsafe fn take(
-    objs: &[Option<&Bound<'_, PyAny>>],
+/// Where `held` is not empty, [`lend_arrays`]'s contract.
+unsafe fn take<'py>(
+    objs: &[Option<&Bound<'py, PyAny>>],
     access: &[Access],
     explicit: Option<Stream>,
     arrays: &mut [Option<Array>],
-    lend: bool,
+    held: &mut [Option<Bound<'py, PyAny>>],
 ) -> PyResult<(Stream, Waits)> {
     let mut producers: Waits = Vec::new();
     // The current stream of a producer that does not hand its work over (CuPy's).
@@ -209,10 +206,17 @@ unsafe fn take(
             continue;
         }
         // Written in place: an array is large enough that moving it costs.
-        arrays[k] = match lend {
-            // SAFETY: the caller's contract.
-            true => unsafe { super::import::ndarray::lend(obj) },
-            false => super::import::ndarray::import(obj),
+        arrays[k] = match held.get_mut(k) {
+            Some(hold) => {
+                // SAFETY: the caller's contract; the object is held here, before any Python
+                // code runs.
+                let lent = unsafe { super::import::ndarray::lend(obj) };
+                if lent.is_some() {
+                    *hold = Some((*obj).clone());
+                }
+                lent
+            }
+            None => super::import::ndarray::import(obj),
         };
         if arrays[k].is_some() {
             continue;

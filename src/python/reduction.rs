@@ -3,7 +3,7 @@
 //! `ops::reduction`.
 
 use super::kernels::{call_operands, returned, CallOperands};
-use super::operands::{lend_arrays, lent_ref, Access};
+use super::operands::{lend_arrays, Access};
 use super::types::{parse_optional_dtype, PyArray};
 use crate::cpu::reduce::Op;
 use crate::error::Error;
@@ -172,19 +172,20 @@ fn reduce(
     let out = out.filter(|o| !o.is_none());
     let axis = parse_axis(axis)?;
     let dtype = parse_optional_dtype(dtype)?;
-    // The objects lent below held until the arrays lent from them are gone (declared first:
+    // The objects lent below, held until the arrays lent from them are gone (declared first:
     // dropped last).
-    let _held = [Some(x), out].map(|o| o.and_then(lent_ref));
+    let mut held = [None, None];
     let mut arrays: [Option<crate::Array>; 2] = [None, None];
-    // SAFETY: `_held` references the objects lent, and the arrays go before it: the result is
-    // a new array or `out`'s (`out` itself returned), and a host array's reduction runs on the
-    // host, within the call (a CUDA device with a host array is refused).
+    // SAFETY: `held` outlives the arrays: the result is a new array or `out`'s (`out` itself
+    // returned), and a host array's reduction runs on the host, within the call (a CUDA device
+    // with a host array is refused).
     let (stream, waits) = unsafe {
         lend_arrays(
             &[Some(x), out],
             &[Access::Read, Access::Write],
             explicit,
             &mut arrays,
+            &mut held,
         )?
     };
     let [Some(x_array), out_array] = arrays else {
