@@ -9,8 +9,9 @@ users install read none. Each row times the peer's call and cubridge's in interl
 phases of cubridge's best round, in ns a call:
 
 - `measured`: cubridge's call as timed here, with the clock readings; `est`: the same less the
-  readings' cost (readings a call x one reading's cost, measured in the run), what the call
-  costs without them; the ratio is `est` over the peer's time.
+  readings' cost (readings a call x one reading's cost, the least of several measurements made
+  after each round), what the call costs without them; the ratio is `est` over the peer's
+  time.
 - each phase less its readings; `producer ...` phases are the producer's own code that
   cubridge calls (its export, its stream query, torch's `is_neg()` and `requires_grad`, the
   DLPack deleter or the reference dropped when an imported view goes);
@@ -77,7 +78,8 @@ def show(label, peer_label, peer, ours, calls, sync):
         raise SystemExit(f"{label}: {n} calls timed for {calls} made (is this the phase wheel?)")
     rows = [(name, ns / n, k / n) for name, ns, k in table["phases"] if k]
     inside = sum(ns for _, ns, _ in rows)
-    readings = sum(k for _, _, k in rows)
+    # The phases' closing readings, and the one that opens the call.
+    readings = sum(k for _, _, k in rows) + 1
     est = measured - readings * reading
     print(f"\n{label}  (peer: {peer_label})")
     print(

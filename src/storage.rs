@@ -412,15 +412,15 @@ impl Drop for Buffer {
         }
         if let Owner::Foreign(held) = &mut self.owner {
             let consumers = self.consumers.get_mut().unwrap_or_else(|p| p.into_inner());
+            // Timed where the benchmarks time phases; released with the buffer otherwise.
+            #[cfg(feature = "phase-times")]
+            if !consumers.any() {
+                let held = std::mem::replace(held, Keepalive::Boxed(Box::new(())));
+                crate::phases::producer!(ProducerRelease, drop(held));
+            }
             if consumers.any() {
                 let held = std::mem::replace(held, Keepalive::Boxed(Box::new(())));
                 release_after(held.into_boxed(), consumers);
-            }
-            // Timed where the benchmarks time phases; released with the buffer otherwise.
-            #[cfg(feature = "phase-times")]
-            {
-                let held = std::mem::replace(held, Keepalive::Boxed(Box::new(())));
-                crate::phases::producer!(ProducerRelease, drop(held));
             }
             return;
         }

@@ -414,8 +414,9 @@ impl PyRawKernel {
         let refs: Vec<Option<&Bound<'_, PyAny>>> = objs.iter().map(Some).collect();
         // The kernel may write any array it is given: those it must not write come in read-only.
         let access = vec![Access::Any; objs.len()];
+        let explicit = super::stream::parse(stream)?;
         phase!(Import);
-        let mut operands = import_operands(&refs, &access, super::stream::parse(stream)?)?;
+        let mut operands = import_operands(&refs, &access, explicit)?;
         let args: Vec<Arg> = std::mem::take(&mut operands.items)
             .into_iter()
             .map(|o| o.ok_or_else(|| Error::invalid("an argument could not be read")))

@@ -33,7 +33,7 @@ pub fn parse(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stream>> {
     let py = obj.py();
     if let Ok(proto) = obj.getattr(pyo3::intern!(py, "__cuda_stream__")) {
         let value = if proto.is_callable() {
-            proto.call0()?
+            crate::phases::producer!(ProducerStream, proto.call0())?
         } else {
             proto
         };

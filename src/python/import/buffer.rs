@@ -33,7 +33,9 @@ impl Drop for HeldBuffer {
         }
         let view: *mut ffi::Py_buffer = &mut self.view;
         // SAFETY: the view was filled by a successful PyObject_GetBuffer and is released once.
-        let _ = Python::try_attach(|_| unsafe { ffi::PyBuffer_Release(view) });
+        let _ = Python::try_attach(|_| unsafe {
+            crate::phases::producer!(ProducerRelease, ffi::PyBuffer_Release(view))
+        });
     }
 }
 
@@ -72,7 +74,12 @@ fn get_buffer(obj: &Bound<'_, PyAny>) -> PyResult<Option<Box<HeldBuffer>>> {
     });
     // SAFETY: `obj` is a live object and `held.view` a writable Py_buffer that does not move
     // (it is boxed); on success the view must be released, which dropping `held` does.
-    let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut held.view, ffi::PyBUF_FULL_RO) };
+    let rc = unsafe {
+        crate::phases::producer!(
+            ProducerExport,
+            ffi::PyObject_GetBuffer(obj.as_ptr(), &mut held.view, ffi::PyBUF_FULL_RO)
+        )
+    };
     if rc != 0 {
         let e = PyErr::fetch(py);
         return if e.is_instance_of::<PyTypeError>(py) {

@@ -130,11 +130,12 @@ fn producer_stream(d: &Bound<'_, PyDict>) -> PyResult<Option<cs::Stream>> {
 /// pending writes, or `None` when the object has none.
 pub fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Option<Described>> {
     let py = obj.py();
-    let cai = match obj.getattr("__cuda_array_interface__") {
-        Ok(c) => c,
-        Err(e) if e.is_instance_of::<PyAttributeError>(py) => return Ok(None),
-        Err(e) => return Err(e),
-    };
+    let cai =
+        match crate::phases::producer!(ProducerExport, obj.getattr("__cuda_array_interface__")) {
+            Ok(c) => c,
+            Err(e) if e.is_instance_of::<PyAttributeError>(py) => return Ok(None),
+            Err(e) => return Err(e),
+        };
     let d = cai
         .cast::<PyDict>()
         .map_err(|_| PyErr::from(Error::wrong_type("__cuda_array_interface__ must be a dict")))?;

@@ -125,7 +125,8 @@ fn cupy_stream_from_python(py: Python<'_>) -> Option<usize> {
             .ok()
             .map(Bound::unbind)
     });
-    let current = get.as_ref()?.bind(py).call0().ok()?;
+    let get = get.as_ref()?.bind(py);
+    let current = producer!(ProducerStream, get.call0()).ok()?;
     current
         .getattr(pyo3::intern!(py, "ptr"))
         .ok()?
