@@ -252,7 +252,7 @@ mod timed {
             }
             timed
         });
-        let _back = timed.then_some(Back(phase));
+        let _back = timed.then(|| Back(phase));
         f()
     }
 
@@ -380,5 +380,23 @@ mod tests {
         assert_eq!(totals.calls, 2);
         assert_eq!(ns_of(&totals, "import").1, 1);
         assert!(totals.reading_ns > 0.0);
+    }
+
+    #[test]
+    fn producers_code_outside_a_call_leaves_the_next_calls_timed() {
+        take();
+        // A producer's release run as a view goes after its call (a result dropped by Python).
+        producer!(ProducerRelease, ());
+        {
+            timed_call!();
+            producer!(ProducerExport, ());
+        }
+        {
+            timed_call!();
+        }
+        let totals = take();
+        assert_eq!(totals.calls, 2);
+        assert_eq!(ns_of(&totals, "producer export").1, 1);
+        assert_eq!(ns_of(&totals, "producer release").1, 0);
     }
 }
