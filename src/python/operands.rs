@@ -171,6 +171,7 @@ pub(crate) unsafe fn lend_arrays<'py>(
     arrays: &mut [Option<Array>],
     held: &mut [Option<Bound<'py, PyAny>>],
 ) -> PyResult<(Stream, Waits)> {
+    debug_assert_eq!(held.len(), objs.len(), "one slot per object");
     // SAFETY: the caller's contract.
     unsafe { take(objs, access, explicit, arrays, held) }
 }

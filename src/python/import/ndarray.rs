@@ -90,9 +90,9 @@ pub fn import(obj: &Bound<'_, PyAny>) -> Option<Array> {
 /// allocation.
 ///
 /// # Safety
-/// The caller holds a strong reference to `obj` until every array over the view is dropped,
-/// which happens before the current call returns (none is returned, exported or handed to CUDA
-/// work).
+/// The caller holds a strong reference to `obj`, taken before any Python code can run after
+/// this returns, until every array over the view is dropped, which happens before the current
+/// call returns (none is returned, exported or handed to CUDA work).
 pub unsafe fn lend(obj: &Bound<'_, PyAny>) -> Option<Array> {
     let held = || Keepalive::Object(Holder::new(obj));
     // SAFETY: the caller's reference keeps `obj`, and with it numpy's memory, alive past every
